@@ -1,0 +1,33 @@
+# The two commands: `make run` and `make test`. Both create .venv and install on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export SPARK_LOCAL_IP ?= 127.0.0.1
+export PYTHONDONTWRITEBYTECODE = 1
+
+.PHONY: run test lint typecheck unit install clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/chronomq cluster up --nodes 3 --http-port 8080 --raft-port 9080 --data-dir ./var
+
+lint: $(STAMP)
+	$(BIN)/ruff check raftlog schedule timer cluster ops tests
+	$(BIN)/ruff format --check raftlog schedule timer cluster ops tests
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: $(STAMP) lint typecheck
+	$(BIN)/python -m pytest -q -ra --durations=15
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

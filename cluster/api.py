@@ -1,0 +1,400 @@
+"""The HTTP API: routes, thin handlers and middlewares (errors, auth, metrics).
+
+Every node serves every route. Writes that reach a follower are forwarded to the leader; if the
+leader is unknown the answer is 503 with ``Retry-After``. Errors are always
+``{"error", "message", "field"}`` JSON; a stack trace never reaches a client.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from cluster.broker import Broker
+from cluster.config import ConfigError
+from cluster.errors import ApiError, bad_request, from_exception
+
+log = logging.getLogger(__name__)
+
+BROKER: web.AppKey[Broker] = web.AppKey("broker", Broker)
+METRICS: web.AppKey[Metrics] = web.AppKey("metrics", object)  # type: ignore[arg-type]
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_FORWARD_HEADERS = ("Idempotency-Key", "Content-Type", "Authorization")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("chronomq_http_requests", "HTTP requests", ["route", "status"], registry=r)
+        self.latency = Histogram(
+            "chronomq_http_request_seconds",
+            "HTTP request latency",
+            ["route"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.produced = Counter("chronomq_messages_produced", "Messages produced through this node", registry=r)
+        self.consumed = Counter("chronomq_messages_pulled", "Messages returned by pulls", registry=r)
+        self.role = Gauge("chronomq_raft_role", "1 when this node is the confirmed leader", registry=r)
+        self.term = Gauge("chronomq_raft_term", "Current Raft term", registry=r)
+        self.commit_index = Gauge("chronomq_raft_commit_index", "Raft commit index", registry=r)
+        self.applied_index = Gauge("chronomq_raft_applied_index", "Raft applied index", registry=r)
+        self.commitlog_bytes = Gauge("chronomq_commitlog_bytes", "CommitLog length in bytes", registry=r)
+        self.queued = Gauge("chronomq_group_commit_queued_messages", "Messages waiting for commit", registry=r)
+        self.inflight = Gauge("chronomq_group_commit_inflight_commands", "Commands proposed, not committed", registry=r)
+        self.collectors: list[Callable[[], None]] = []
+
+    def refresh(self, broker: Broker) -> None:
+        st = broker.raftlog.status()
+        self.role.set(1 if broker.raftlog.is_leader else 0)
+        self.term.set(st["term"])
+        self.commit_index.set(st["commit_index"])
+        self.applied_index.set(st["applied_index"])
+        self.commitlog_bytes.set(broker.raftlog.store.applied_length)
+        self.queued.set(st["queued_messages"])
+        self.inflight.set(st["inflight_commands"])
+        for collect in self.collectors:
+            collect()
+
+
+# ---------------------------------------------------------------------- middlewares
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status, "http_error")
+        message = exc.reason if exc.status != 413 else "the request body is larger than max_request_bytes"
+        return ApiError(exc.status, code, message).response()
+    except ConfigError as exc:
+        return ApiError(400, "invalid_config", str(exc), exc.key).response()
+    except Exception as exc:
+        broker = request.app[BROKER]
+        api = from_exception(exc, broker.leader_url())
+        if api is not None:
+            return api.response()
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return ApiError(500, "internal", "internal error; see the node's log").response()
+
+
+@web.middleware
+async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    metrics = request.app[METRICS]
+    route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+    t0 = time.perf_counter()
+    status = 500
+    try:
+        resp = await handler(request)
+        status = resp.status
+        return resp
+    finally:
+        metrics.requests.labels(route, str(status)).inc()
+        metrics.latency.labels(route).observe(time.perf_counter() - t0)
+
+
+def _auth_middleware(token: str) -> Any:
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        protected = request.method not in ("GET", "HEAD") or request.path.startswith("/v1/admin/config")
+        if token and protected and request.headers.get("Authorization") != f"Bearer {token}":
+            raise ApiError(401, "unauthorized", "a valid bearer token is required", "Authorization")
+        return await handler(request)
+
+    return auth
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json", headers=headers)
+
+
+async def read_json(request: web.Request) -> Any:
+    raw = await request.read()
+    if not raw:
+        raise bad_request("the request body is empty; a JSON object is required", "body")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"the body is not valid JSON: {exc}", "body", "invalid_json") from None
+
+
+def int_param(request: web.Request, name: str, default: int | None, lo: int, hi: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        if default is None:
+            raise bad_request(f"query parameter {name} is required", name)
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise bad_request(f"{name} must be an integer, got {raw!r}", name) from None
+    if not lo <= value <= hi:
+        raise bad_request(f"{name} must be between {lo} and {hi}, got {value}", name)
+    return value
+
+
+def path_int(request: web.Request, name: str) -> int:
+    raw = request.match_info[name]
+    if not raw.isdigit():
+        raise bad_request(f"{name} must be a non-negative integer, got {raw!r}", name)
+    return int(raw)
+
+
+async def forward_to_leader(request: web.Request) -> web.Response | None:
+    """On a follower, send a write to the leader and relay its answer; None on the leader."""
+    broker = request.app[BROKER]
+    if broker.raftlog.is_leader:
+        return None
+    leader = broker.leader_url()
+    if leader is None or leader == broker.config.http_url or request.headers.get("X-Chronomq-Forwarded"):
+        raise ApiError(503, "no_leader", "no leader is known yet; retry shortly", None, {"Retry-After": "1"})
+    assert broker.session is not None
+    headers = {h: request.headers[h] for h in _FORWARD_HEADERS if h in request.headers}
+    headers["X-Chronomq-Forwarded"] = broker.config.http_url
+    body = await request.read()
+    try:
+        async with broker.session.request(
+            request.method,
+            f"{leader}{request.rel_url}",
+            data=body,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=broker.config.commit_timeout_ms / 1000 + 5),
+        ) as r:
+            payload = await r.read()
+            out_headers = {"X-Chronomq-Leader": leader}
+            if "Retry-After" in r.headers:
+                out_headers["Retry-After"] = r.headers["Retry-After"]
+            return web.Response(body=payload, status=r.status, content_type="application/json", headers=out_headers)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise ApiError(
+            503, "leader_unreachable", f"the leader at {leader} did not answer: {exc}", None, {"Retry-After": "1"}
+        ) from None
+
+
+# ---------------------------------------------------------------------- data plane
+
+
+async def produce(request: web.Request) -> web.Response:
+    forwarded = await forward_to_leader(request)
+    if forwarded is not None:
+        return forwarded
+    broker = request.app[BROKER]
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise bad_request("the body must be a JSON object with a messages list", "body")
+    idem = request.headers.get("Idempotency-Key")
+    if idem is not None and not 1 <= len(idem) <= 200:
+        raise bad_request("Idempotency-Key must be 1 to 200 characters", "Idempotency-Key")
+    result = await broker.produce(request.match_info["topic"], body.get("messages"), idem)
+    request.app[METRICS].produced.inc(len(result["results"]))
+    return json_response(result)
+
+
+async def pull(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    cfg = broker.config
+    queue = path_int(request, "queue")
+    offset = int_param(request, "offset", 0, 0, 2**62)
+    max_messages = int_param(request, "max", 32, 1, cfg.max_pull_messages)
+    wait_ms = int_param(request, "wait_ms", 0, 0, cfg.max_wait_ms)
+    result = await broker.pull(request.match_info["topic"], queue, offset, max_messages, wait_ms)
+    request.app[METRICS].consumed.inc(len(result["messages"]))
+    return json_response(result)
+
+
+async def describe_topic(request: web.Request) -> web.Response:
+    return json_response(request.app[BROKER].describe_topic(request.match_info["topic"]))
+
+
+async def list_topics(request: web.Request) -> web.Response:
+    store = request.app[BROKER].raftlog.store
+    topics = [{"topic": t, "queues": len(q), "messages": sum(q)} for t, q in sorted(store.topics.items())]
+    return json_response({"topics": topics})
+
+
+async def create_topic(request: web.Request) -> web.Response:
+    forwarded = await forward_to_leader(request)
+    if forwarded is not None:
+        return forwarded
+    broker = request.app[BROKER]
+    body = await read_json(request)
+    queues = body.get("queues", broker.config.default_topic_queues) if isinstance(body, dict) else None
+    if not isinstance(queues, int) or isinstance(queues, bool):
+        raise bad_request("queues must be an integer", "queues")
+    topic = request.match_info["topic"]
+    existing = broker.raftlog.store.queue_count(topic)
+    if existing is not None:
+        if existing != queues:
+            raise ApiError(409, "topic_exists", f"topic {topic} exists with {existing} queues", "queues")
+        return json_response(broker.describe_topic(topic))
+    await broker.commit(broker.raftlog.create_topic(topic, queues))
+    return json_response(broker.describe_topic(topic), status=201)
+
+
+async def put_offset(request: web.Request) -> web.Response:
+    forwarded = await forward_to_leader(request)
+    if forwarded is not None:
+        return forwarded
+    broker = request.app[BROKER]
+    group = request.match_info["group"]
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise bad_request("the body must be an object with topic, queue and offset", "body")
+    topic, queue, offset = body.get("topic"), body.get("queue"), body.get("offset")
+    if not isinstance(topic, str):
+        raise bad_request("topic is required", "topic")
+    broker.describe_topic(topic)  # 404 for an unknown topic
+    for name, v in (("queue", queue), ("offset", offset)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise bad_request(f"{name} must be a non-negative integer", name)
+    n = broker.raftlog.store.queue_count(topic) or 0
+    if queue >= n:  # type: ignore[operator]
+        raise ApiError(404, "unknown_queue", f"topic {topic} has queues 0..{n - 1}", "queue")
+    from raftlog.record import validate_topic
+
+    validate_topic(group, "group")
+    await broker.commit_offset(group, topic, queue, offset)  # type: ignore[arg-type]
+    return json_response({"group": group, "topic": topic, "queue": queue, "offset": offset})
+
+
+async def get_offsets(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    group = request.match_info["group"]
+    return json_response({"group": group, "offsets": broker.group_offsets(group, request.query.get("topic"))})
+
+
+# ---------------------------------------------------------------------- admin
+
+
+async def admin_node(request: web.Request) -> web.Response:
+    return json_response(request.app[BROKER].node_status())
+
+
+async def admin_cluster(request: web.Request) -> web.Response:
+    return json_response(await request.app[BROKER].cluster_view())
+
+
+async def admin_digest(request: web.Request) -> web.Response:
+    return json_response(request.app[BROKER].raftlog.digest())
+
+
+async def admin_config(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    from cluster.config import KEYS
+
+    return json_response(
+        {"config": broker.config.masked(), "runtime_keys": [k.name for k in KEYS if k.runtime]}
+    )
+
+
+async def admin_config_patch(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    from cluster.config import KEY_BY_NAME
+
+    body = await read_json(request)
+    if not isinstance(body, dict) or not body:
+        raise bad_request("the body must be an object of key: value", "body")
+    for name in body:
+        key = KEY_BY_NAME.get(name)
+        if key is None:
+            raise bad_request(f"unknown config key {name!r}", name, "unknown_key")
+        if not key.runtime:
+            raise ApiError(409, "not_runtime", f"{name} can only be changed in the config file, with a restart", name)
+    broker.config = broker.config.with_changes(body)
+    for hook in request.app[CONFIG_HOOKS]:
+        hook(body)
+    log.info("config changed at runtime: %s", body)
+    return json_response({"config": broker.config.masked(), "changed": sorted(body)})
+
+
+CONFIG_HOOKS: web.AppKey[list[Callable[[dict[str, Any]], None]]] = web.AppKey("config_hooks", list)
+
+
+async def leadership_transfer(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    if not broker.raftlog.is_leader:
+        forwarded = await forward_to_leader(request)
+        if forwarded is not None:
+            return forwarded
+    body = await read_json(request) if request.can_read_body else {}
+    target = body.get("to") if isinstance(body, dict) else None
+    node = None
+    if target is not None:
+        peer = next((p for p in broker.config.peers if p.id == target), None)
+        if peer is None:
+            raise bad_request(f"no peer with id {target!r}", "to")
+        node = peer.raft
+    broker.raftlog.machine.transferLeadership(node)
+    return json_response({"status": "transferring", "to": target}, status=202)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    leader = broker.raftlog.leader_address()
+    if leader is None:
+        return json_response({"status": "no_leader"}, status=503, headers={"Retry-After": "1"})
+    return json_response({"status": "ready", "leader": broker.node_id_of(leader)})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    m = request.app[METRICS]
+    m.refresh(request.app[BROKER])
+    return web.Response(body=generate_latest(m.registry), content_type="text/plain", charset="utf-8")
+
+
+def add_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_post("/v1/topics/{topic}/messages", produce)
+    r.add_get("/v1/topics/{topic}/queues/{queue}/messages", pull)
+    r.add_get("/v1/topics", list_topics)
+    r.add_get("/v1/topics/{topic}", describe_topic)
+    r.add_put("/v1/topics/{topic}", create_topic)
+    r.add_put("/v1/groups/{group}/offsets", put_offset)
+    r.add_get("/v1/groups/{group}/offsets", get_offsets)
+    r.add_get("/v1/admin/node", admin_node)
+    r.add_get("/v1/admin/cluster", admin_cluster)
+    r.add_get("/v1/admin/digest", admin_digest)
+    r.add_get("/v1/admin/config", admin_config)
+    r.add_patch("/v1/admin/config", admin_config_patch)
+    r.add_post("/v1/admin/leadership/transfer", leadership_transfer)
+    r.add_get("/healthz", healthz)
+    r.add_get("/readyz", readyz)
+    r.add_get("/metrics", metrics)
+
+
+def create_app(broker: Broker) -> web.Application:
+    app = web.Application(
+        client_max_size=broker.config.max_request_bytes,
+        middlewares=[metrics_middleware, error_middleware, _auth_middleware(broker.config.auth_token)],
+    )
+    app[BROKER] = broker
+    app[METRICS] = Metrics()
+    app[CONFIG_HOOKS] = []
+
+    async def broker_ctx(app: web.Application) -> Any:
+        await broker.start()
+        yield
+        await broker.stop()
+
+    app.cleanup_ctx.append(broker_ctx)
+    add_routes(app)
+    return app

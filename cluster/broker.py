@@ -1,0 +1,383 @@
+"""One broker node: the replicated log plus what the HTTP API needs around it.
+
+The :class:`Broker` lives on the asyncio loop. It turns JSON messages into
+:class:`raftlog.node.NewMessage` (rewriting delayed ones into the schedule topic), waits for
+commits without blocking the loop, wakes long-polling consumers when new entries apply, and
+aggregates the cluster view from every node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import aiohttp
+
+from cluster.config import NodeConfig
+from cluster.errors import ApiError, bad_request
+from raftlog import record
+from raftlog.node import NewMessage, RaftLog
+from raftlog.store import ApplyResult, BatchOutcome
+from schedule import rewrite
+from schedule.levels import DelayLevelTable
+
+log = logging.getLogger(__name__)
+
+VERSION = "0.1.0"
+GROUP_OFFSET_PREFIX = "go/"
+_DELAY_FIELDS = ("delay_level", "delay_ms", "deliver_at_ms")
+
+
+def group_offset_key(group: str, topic: str, queue: int) -> str:
+    return f"{GROUP_OFFSET_PREFIX}{group}/{topic}/{queue}"
+
+
+def message_json(m: record.Message) -> dict[str, Any]:
+    props = dict(m.properties)
+    keys = props.pop(record.PROPERTY_KEYS, "")
+    tags = props.pop(record.PROPERTY_TAGS, None)
+    out: dict[str, Any] = {
+        "msg_id": m.msg_id_hex,
+        "topic": m.topic,
+        "queue": m.queue_id,
+        "offset": m.queue_offset,
+        "keys": keys.split(" ") if keys else [],
+        "tags": tags,
+        "properties": props,
+        "born_ms": m.born_ms,
+        "store_ms": m.store_ms,
+        "reconsume_times": m.reconsume_times,
+    }
+    try:
+        out["body"] = m.body.decode()
+    except UnicodeDecodeError:
+        out["body"] = None
+        out["body_base64"] = base64.b64encode(m.body).decode()
+    return out
+
+
+class Broker:
+    def __init__(self, config: NodeConfig, raftlog: RaftLog) -> None:
+        self.config = config
+        self.raftlog = raftlog
+        self.levels = DelayLevelTable.parse(config.message_delay_level)
+        self.started_monotonic = time.monotonic()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.session: aiohttp.ClientSession | None = None
+        self._applied = asyncio.Event()
+        self._waiters = 0
+        self._rr: dict[str, itertools.count[int]] = {}
+        self.leader_since_ms: float | None = None
+        self.last_election_ms: float | None = None
+        self._leaderless_since: float | None = None
+        raftlog.add_apply_listener(self._on_apply)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._applied = asyncio.Event()
+        self.session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=1.0),
+            headers={"Authorization": f"Bearer {self.config.auth_token}"} if self.config.auth_token else None,
+        )
+
+    async def stop(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    # ------------------------------------------------------------------ waking consumers
+
+    def _on_apply(self, result: ApplyResult) -> None:
+        # Raft thread. Only cross to the loop when someone is waiting.
+        if self._waiters and result.messages and self.loop is not None:
+            self.loop.call_soon_threadsafe(self._pulse)
+
+    def _pulse(self) -> None:
+        self._applied.set()
+        self._applied = asyncio.Event()
+
+    async def wait_applied(self, timeout_s: float) -> None:
+        self._waiters += 1
+        try:
+            await asyncio.wait_for(self._applied.wait(), timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            self._waiters -= 1
+
+    # ------------------------------------------------------------------ leader and peers
+
+    def peer_http(self, raft_address: str | None) -> str | None:
+        if raft_address is None:
+            return None
+        if raft_address == self.config.raft_address:
+            return self.config.http_url
+        for p in self.config.peers:
+            if p.raft == raft_address:
+                return p.http
+        return None
+
+    def leader_url(self) -> str | None:
+        return self.peer_http(self.raftlog.leader_address())
+
+    def node_id_of(self, raft_address: str | None) -> int | None:
+        if raft_address == self.config.raft_address:
+            return int(self.config.node_id)
+        for p in self.config.peers:
+            if p.raft == raft_address:
+                return p.id
+        return None
+
+    async def commit(self, fut: Future[BatchOutcome]) -> BatchOutcome:
+        return await asyncio.wait_for(asyncio.wrap_future(fut), self.config.commit_timeout_ms / 1000 + 1)
+
+    # ------------------------------------------------------------------ produce
+
+    def parse_messages(self, topic: str, raw: Any) -> tuple[list[NewMessage], list[dict[str, Any]], int]:
+        """JSON messages -> NewMessages (delayed ones rewritten) and per-message answer extras."""
+        record.validate_topic(topic)
+        if not isinstance(raw, list) or not raw:
+            raise bad_request("messages must be a non-empty list", "messages")
+        if len(raw) > self.config.max_messages_per_request:
+            raise ApiError(
+                413,
+                "too_many_messages",
+                f"{len(raw)} messages in one request, more than {self.config.max_messages_per_request}",
+                "messages",
+            )
+        store_ms = self.raftlog.clock.now_ms()
+        out: list[NewMessage] = []
+        extras: list[dict[str, Any]] = []
+        for i, m in enumerate(raw):
+            f = f"messages[{i}]"
+            if not isinstance(m, dict):
+                raise bad_request("each message must be an object", f)
+            unknown = set(m) - {"body", "body_base64", "keys", "tags", "properties", "queue", *_DELAY_FIELDS}
+            if unknown:
+                raise bad_request(f"unknown field {sorted(unknown)[0]!r}", f"{f}.{sorted(unknown)[0]}")
+            body = self._body(m, f)
+            props = m.get("properties") or {}
+            if not isinstance(props, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in props.items()):
+                raise bad_request("properties must be an object of strings", f"{f}.properties")
+            props = dict(props)
+            keys = m.get("keys")
+            if keys is not None:
+                if not isinstance(keys, list) or not all(isinstance(k, str) and k and " " not in k for k in keys):
+                    raise bad_request("keys must be a list of non-empty strings without spaces", f"{f}.keys")
+                if keys:
+                    props[record.PROPERTY_KEYS] = " ".join(keys)
+            tags = m.get("tags")
+            if tags is not None:
+                if not isinstance(tags, str):
+                    raise bad_request("tags must be a string", f"{f}.tags")
+                props[record.PROPERTY_TAGS] = tags
+            queue = m.get("queue")
+            if queue is not None and (not isinstance(queue, int) or isinstance(queue, bool) or queue < 0):
+                raise bad_request("queue must be a non-negative integer", f"{f}.queue")
+            delays = [k for k in _DELAY_FIELDS if m.get(k) is not None]
+            if len(delays) > 1:
+                raise bad_request(f"give at most one of {', '.join(_DELAY_FIELDS)}", f"{f}.{delays[1]}")
+            extra: dict[str, Any] = {}
+            if delays and delays[0] == "delay_level":
+                level = m["delay_level"]
+                if not isinstance(level, int) or isinstance(level, bool):
+                    raise bad_request("delay_level must be an integer", f"{f}.delay_level")
+                qid = queue if queue is not None else self._next_queue(topic)
+                try:
+                    placed = rewrite.place(topic, qid, level, props, self.levels)
+                except ApiError:
+                    raise
+                except Exception as exc:
+                    err = getattr(exc, "field", None)
+                    raise bad_request(str(exc), f"{f}.{err or 'delay_level'}") from None
+                if placed.level.is_delayed:
+                    extra = {"delay_level": placed.level.level, "deliver_ms": placed.deliver_ms(store_ms)}
+                    if placed.level.clamped:
+                        extra["clamped"] = True
+                    out.append(
+                        NewMessage(
+                            placed.topic,
+                            body,
+                            queue_id=placed.queue_id,
+                            properties=placed.properties,
+                            tags_code=placed.deliver_ms(store_ms),
+                        )
+                    )
+                    extras.append(extra)
+                    continue
+            elif delays:
+                timer = self.timer_hook
+                if timer is None:
+                    raise bad_request(f"{delays[0]} is not supported by this node", f"{f}.{delays[0]}")
+                out.append(timer(topic, body, queue, props, delays[0], m[delays[0]], store_ms, f, extra))
+                extras.append(extra)
+                continue
+            out.append(NewMessage(topic, body, queue_id=queue, properties=props))
+            extras.append(extra)
+        return out, extras, store_ms
+
+    timer_hook: Any = None
+
+    def _body(self, m: Mapping[str, Any], f: str) -> bytes:
+        if "body_base64" in m and m["body_base64"] is not None:
+            if "body" in m and m["body"] is not None:
+                raise bad_request("give body or body_base64, not both", f"{f}.body_base64")
+            try:
+                body = base64.b64decode(m["body_base64"], validate=True)
+            except (ValueError, TypeError):
+                raise bad_request("body_base64 is not valid base64", f"{f}.body_base64") from None
+        else:
+            text = m.get("body")
+            if not isinstance(text, str):
+                raise bad_request("body is required and must be a string", f"{f}.body")
+            body = text.encode()
+        if len(body) > self.config.max_message_size:
+            raise ApiError(
+                413,
+                "message_too_large",
+                f"body is {len(body)} bytes, more than max_message_size {self.config.max_message_size}",
+                f"{f}.body",
+            )
+        return body
+
+    def _next_queue(self, topic: str) -> int:
+        n = self.raftlog.store.queue_count(topic) or self.config.default_topic_queues
+        rr = self._rr.get(topic)
+        if rr is None:
+            rr = self._rr[topic] = itertools.count()
+        return next(rr) % n
+
+    async def produce(self, topic: str, raw: Any, idempotency_key: str | None) -> dict[str, Any]:
+        messages, extras, store_ms = self.parse_messages(topic, raw)
+        key = f"http:{idempotency_key}" if idempotency_key else None
+        creates = {}
+        if self.config.auto_create_topic and self.raftlog.store.queue_count(topic) is None:
+            creates[topic] = self.config.default_topic_queues
+        fut = self.raftlog.append(messages, key=key, creates=creates or None, store_ms=store_ms)
+        outcome = await self.commit(fut)
+        results = []
+        for placed, extra in zip(outcome.placed, extras, strict=False):
+            results.append(
+                {
+                    "msg_id": record.msg_id_hex(placed.msg_id),
+                    "topic": placed.topic,
+                    "queue": placed.queue_id,
+                    "offset": placed.queue_offset,
+                    **extra,
+                }
+            )
+        return {"results": results, "duplicate": outcome.duplicate}
+
+    # ------------------------------------------------------------------ consume
+
+    async def pull(self, topic: str, queue: int, offset: int, max_messages: int, wait_ms: int) -> dict[str, Any]:
+        store = self.raftlog.store
+        n = store.queue_count(topic)
+        if n is None:
+            raise ApiError(404, "unknown_topic", f"topic {topic} does not exist", "topic")
+        if queue >= n:
+            raise ApiError(404, "unknown_queue", f"topic {topic} has queues 0..{n - 1}", "queue")
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            msgs = store.read_messages(topic, queue, offset, max_messages)
+            if msgs or time.monotonic() >= deadline:
+                break
+            await self.wait_applied(min(deadline - time.monotonic(), 1.0))
+        next_offset = msgs[-1].queue_offset + 1 if msgs else max(offset, 0)
+        return {
+            "messages": [message_json(m) for m in msgs],
+            "next_offset": next_offset,
+            "max_offset": store.max_offset(topic, queue),
+        }
+
+    def describe_topic(self, topic: str) -> dict[str, Any]:
+        store = self.raftlog.store
+        n = store.queue_count(topic)
+        if n is None:
+            raise ApiError(404, "unknown_topic", f"topic {topic} does not exist", "topic")
+        return {
+            "topic": topic,
+            "queues": [{"queue": q, "min_offset": 0, "max_offset": store.max_offset(topic, q)} for q in range(n)],
+        }
+
+    def group_offsets(self, group: str, topic: str | None) -> list[dict[str, Any]]:
+        prefix = f"{GROUP_OFFSET_PREFIX}{group}/"
+        out = []
+        for k, v in list(self.raftlog.store.kv.items()):
+            if k.startswith(prefix):
+                t, _, q = k[len(prefix) :].rpartition("/")
+                if topic is None or t == topic:
+                    out.append({"topic": t, "queue": int(q), "offset": v})
+        return sorted(out, key=lambda x: (x["topic"], x["queue"]))
+
+    async def commit_offset(self, group: str, topic: str, queue: int, offset: int) -> None:
+        await self.commit(self.raftlog.update({group_offset_key(group, topic, queue): offset}))
+
+    # ------------------------------------------------------------------ status
+
+    def node_status(self) -> dict[str, Any]:
+        st = self.raftlog.status()
+        leader_addr = st.get("leader")
+        return {
+            "id": int(self.config.node_id),
+            "role": "leader" if self.raftlog.is_leader else ("leader-unconfirmed" if st["role"] == "leader" else st["role"]),
+            "http_url": self.config.http_url,
+            "raft": self.config.raft_address,
+            "leader": self.node_id_of(leader_addr),
+            "leader_url": self.peer_http(leader_addr),
+            "term": st["term"],
+            "commit_index": st["commit_index"],
+            "applied_index": st["applied_index"],
+            "has_quorum": st["has_quorum"],
+            "digest": st["digest"],
+            "match_index": st["match_index"],
+            "version": VERSION,
+            "uptime_s": round(time.monotonic() - self.started_monotonic, 1),
+            "queued_messages": st["queued_messages"],
+            "inflight_commands": st["inflight_commands"],
+            "last_election_ms": self.last_election_ms,
+            "reachable": True,
+        }
+
+    async def peer_status(self, url: str) -> dict[str, Any] | None:
+        assert self.session is not None
+        try:
+            async with self.session.get(f"{url}/v1/admin/node", timeout=aiohttp.ClientTimeout(total=1.0)) as r:
+                if r.status == 200:
+                    data: dict[str, Any] = await r.json()
+                    return data
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            pass
+        return None
+
+    async def cluster_view(self) -> dict[str, Any]:
+        peers = list(self.config.peers)
+        remote = await asyncio.gather(*(self.peer_status(p.http) for p in peers))
+        nodes = [self.node_status()]
+        for p, st in zip(peers, remote, strict=True):
+            nodes.append(st or {"id": p.id, "role": "unknown", "http_url": p.http, "reachable": False})
+        nodes.sort(key=lambda n: n["id"])
+        reachable = [n for n in nodes if n.get("reachable")]
+        leaders = [n["id"] for n in reachable if n.get("role") == "leader"]
+        term = max((n.get("term", 0) for n in reachable), default=0)
+        leader = leaders[0] if leaders else None
+        commit = max((n.get("commit_index", 0) for n in reachable), default=0)
+        for n in nodes:
+            if n.get("reachable"):
+                n["replication_lag"] = commit - n.get("applied_index", 0)
+        return {"leader": leader, "term": term, "nodes": nodes}
+
+
+def outcomes_to_results(outcomes: Sequence[BatchOutcome]) -> list[dict[str, Any]]:
+    return [
+        {"msg_id": record.msg_id_hex(p.msg_id), "queue": p.queue_id, "offset": p.queue_offset}
+        for o in outcomes
+        for p in o.placed
+    ]

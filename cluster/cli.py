@@ -1,0 +1,293 @@
+"""The ``chronomq`` command line.
+
+Tables for people by default, ``--json`` for scripts. Every bench, drill and report command
+takes ``--out PATH`` and writes its figures as one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import textwrap
+import time
+from typing import Any
+
+EXAMPLES = textwrap.dedent(
+    """\
+    examples:
+      chronomq cluster up --nodes 3 --http-port 8080 --raft-port 9080 --data-dir ./var
+      chronomq status --url http://127.0.0.1:8080
+      chronomq produce orders --body '{"id": 1}' --delay-level 3
+      chronomq consume orders --queue 0 --offset 0
+      chronomq bench produce --nodes 3 --messages 200000 --out bench.json
+    """
+)
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) if rows else len(c) for c in columns}
+    lines = ["  ".join(c.upper().ljust(widths[c]) for c in columns)]
+    for r in rows:
+        lines.append("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns))
+    return "\n".join(lines)
+
+
+def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    print(_table(rows, columns))
+
+
+# ---------------------------------------------------------------------- node and cluster
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    from cluster.launcher import parse_sets
+    from cluster.server import run
+
+    return run(args.config, parse_sets(args.set))
+
+
+def cmd_cluster_up(args: argparse.Namespace) -> int:
+    from cluster.config import ConfigError
+    from cluster.launcher import LocalCluster, parse_sets
+
+    try:
+        cluster = LocalCluster(
+            args.nodes,
+            args.data_dir,
+            http_port=args.http_port,
+            raft_port=args.raft_port,
+            settings=parse_sets(args.set),
+        )
+        cluster.write_configs()
+    except ConfigError as exc:
+        print(f"chronomq cluster up: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    stopping = False
+
+    def on_signal(signum: int, frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    cluster.start()
+    for i in range(args.nodes):
+        print(f"node {i}  {cluster.http_url(i)}  raft 127.0.0.1:{args.raft_port + i}  log {cluster.node_dir(i) / 'node.log'}", flush=True)
+    t0 = time.monotonic()
+    announced = False
+    try:
+        while not stopping:
+            if not announced:
+                try:
+                    leader = cluster.wait_leader(timeout_s=0.5)
+                    print(f"ready  leader node {leader} ({time.monotonic() - t0:.1f} s)", flush=True)
+                    announced = True
+                except TimeoutError:
+                    pass
+                except RuntimeError as exc:
+                    print(f"chronomq cluster up: {exc}", file=sys.stderr)
+                    return 1
+            else:
+                time.sleep(0.2)
+            for i in range(args.nodes):
+                if not cluster.alive(i) and i in cluster.procs and cluster.procs[i].returncode not in (0, -9, -15, None):
+                    print(f"node {i} exited with {cluster.procs[i].returncode}; see {cluster.node_dir(i) / 'node.log'}", file=sys.stderr)
+                    cluster.procs.pop(i)
+    finally:
+        print("stopping", flush=True)
+        cluster.stop()
+    return 0
+
+
+# ---------------------------------------------------------------------- client commands
+
+
+def _client_call(args: argparse.Namespace, fn: Any) -> Any:
+    import asyncio
+
+    from cluster.client import Client
+
+    async def go() -> Any:
+        async with Client(args.url.split(","), token=os.environ.get("CHRONOMQ_AUTH_TOKEN") or None) as c:
+            return await fn(c)
+
+    return asyncio.run(go())
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    view = _client_call(args, lambda c: c.cluster())
+    if args.json:
+        print(json.dumps(view, indent=2))
+        return 0
+    print(f"leader: node {view['leader']}   term: {view['term']}")
+    rows = []
+    for n in view["nodes"]:
+        rows.append(
+            {
+                "id": n["id"],
+                "role": n.get("role"),
+                "url": n.get("http_url"),
+                "commit": n.get("commit_index", "-"),
+                "applied": n.get("applied_index", "-"),
+                "lag": n.get("replication_lag", "-"),
+                "reachable": n.get("reachable"),
+                "uptime_s": n.get("uptime_s", "-"),
+                "last_election_ms": n.get("last_election_ms") or "-",
+            }
+        )
+    print_table(rows, ["id", "role", "url", "commit", "applied", "lag", "reachable", "uptime_s", "last_election_ms"])
+    return 0
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    data = _client_call(args, lambda c: c.topics())
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print_table(data["topics"], ["topic", "queues", "messages"])
+    return 0
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    msg: dict[str, Any] = {"body": args.body}
+    if args.tags:
+        msg["tags"] = args.tags
+    if args.keys:
+        msg["keys"] = args.keys.split(",")
+    for name in ("delay_level", "delay_ms", "deliver_at_ms"):
+        v = getattr(args, name)
+        if v is not None:
+            msg[name] = v
+    data = _client_call(args, lambda c: c.produce(args.topic, [msg] * args.count))
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print_table(data["results"], ["msg_id", "queue", "offset"])
+    return 0
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    data = _client_call(args, lambda c: c.pull(args.topic, args.queue, args.offset, args.max, args.wait_ms))
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print_table(data["messages"], ["msg_id", "offset", "store_ms", "reconsume_times", "body"])
+        print(f"next_offset: {data['next_offset']}")
+    return 0
+
+
+def cmd_admin(args: argparse.Namespace) -> int:
+    if args.admin_cmd == "config":
+        data = _client_call(args, lambda c: c.admin_config())
+    elif args.admin_cmd == "set":
+        from cluster.launcher import parse_sets
+
+        data = _client_call(args, lambda c: c.patch_config(parse_sets(args.pairs)))
+    elif args.admin_cmd == "transfer":
+        data = _client_call(args, lambda c: c.transfer_leadership(args.to))
+    else:
+        data = _client_call(args, lambda c: c.cluster())
+    print(json.dumps(data, indent=2))
+    return 0
+
+
+# ---------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="chronomq",
+        description="A Raft-replicated broker for delayed and scheduled messages.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    node = sub.add_parser("node", help="run one broker node", epilog="example:\n  chronomq node --config var/node-0/node.toml", formatter_class=argparse.RawDescriptionHelpFormatter)
+    node.add_argument("--config", required=False, help="TOML config file (keys may also come from CHRONOMQ_* variables)")
+    node.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key")
+    node.set_defaults(func=cmd_node)
+
+    cl = sub.add_parser("cluster", help="local clusters")
+    clsub = cl.add_subparsers(dest="cluster_cmd", required=True, metavar="SUBCOMMAND")
+    up = clsub.add_parser(
+        "up",
+        help="start N local nodes on loopback until Ctrl-C",
+        epilog="example:\n  chronomq cluster up --nodes 3 --http-port 8080 --raft-port 9080 --data-dir ./var --set flush=sync",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--http-port", type=int, default=8080, help="node i serves HTTP on this port + i")
+    up.add_argument("--raft-port", type=int, default=9080, help="node i uses Raft port + i (and + 1000 for catch-up)")
+    up.add_argument("--data-dir", default="./var")
+    up.add_argument("--set", action="append", metavar="KEY=VALUE", help="config key applied to every node")
+    up.set_defaults(func=cmd_cluster_up)
+
+    def client_parser(name: str, help_text: str, example: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_text, epilog=f"example:\n  {example}", formatter_class=argparse.RawDescriptionHelpFormatter)
+        sp.add_argument("--url", default=os.environ.get("CHRONOMQ_URL", "http://127.0.0.1:8080"), help="one or more node URLs, comma-separated")
+        sp.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        return sp
+
+    st = client_parser("status", "show the cluster: roles, terms, indexes, lag", "chronomq status --url http://127.0.0.1:8080")
+    st.set_defaults(func=cmd_status)
+    tp = client_parser("topics", "list topics", "chronomq topics")
+    tp.set_defaults(func=cmd_topics)
+    pr = client_parser("produce", "send a message", "chronomq produce orders --body hello --delay-level 2")
+    pr.add_argument("topic")
+    pr.add_argument("--body", required=True)
+    pr.add_argument("--tags")
+    pr.add_argument("--keys", help="comma-separated keys")
+    pr.add_argument("--count", type=int, default=1)
+    g = pr.add_mutually_exclusive_group()
+    g.add_argument("--delay-level", dest="delay_level", type=int)
+    g.add_argument("--delay-ms", dest="delay_ms", type=int)
+    g.add_argument("--deliver-at-ms", dest="deliver_at_ms", type=int)
+    pr.set_defaults(func=cmd_produce)
+    co = client_parser("consume", "pull messages from a queue", "chronomq consume orders --queue 0 --offset 0 --wait-ms 5000")
+    co.add_argument("topic")
+    co.add_argument("--queue", type=int, default=0)
+    co.add_argument("--offset", type=int, default=0)
+    co.add_argument("--max", type=int, default=32)
+    co.add_argument("--wait-ms", dest="wait_ms", type=int, default=0)
+    co.set_defaults(func=cmd_consume)
+    ad = client_parser("admin", "admin operations", "chronomq admin transfer --to 1")
+    ad.add_argument("admin_cmd", choices=["cluster", "config", "set", "transfer"])
+    ad.add_argument("pairs", nargs="*", help="for set: key=value ...")
+    ad.add_argument("--to", type=int, help="for transfer: target node id")
+    ad.set_defaults(func=cmd_admin)
+
+    bench = sub.add_parser("bench", help="benchmarks (print a table, write JSON with --out)")
+    bsub = bench.add_subparsers(dest="bench_cmd", required=True, metavar="BENCH")
+    try:
+        from ops.bench_produce import register as register_bench_produce
+
+        register_bench_produce(bsub)
+    except ImportError:
+        pass
+    try:
+        from ops.cli import register as register_ops
+
+        register_ops(sub)
+    except ImportError:
+        pass
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a readable line, not a stack trace, for operators
+        from cluster.client import ClientError
+
+        if isinstance(exc, ClientError | ConnectionError | OSError | TimeoutError):
+            print(f"chronomq: {exc}", file=sys.stderr)
+            return 1
+        raise

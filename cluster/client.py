@@ -1,0 +1,266 @@
+"""The Python client (async, on aiohttp).
+
+* Leader discovery: writes go to the last known leader; a 503 naming the leader, or the
+  ``X-Chronomq-Leader`` header of a forwarded answer, moves the client there.
+* Retries with exponential back-off and an overall deadline; every produce carries an
+  ``Idempotency-Key`` so a retried request is stored once.
+* :class:`BatchingProducer` groups single sends into batches; :class:`Consumer` pulls with
+  long-polling and commits its offsets to the cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+import orjson
+
+RETRYABLE = {429, 502, 503, 504}
+
+
+class ClientError(Exception):
+    def __init__(self, status: int, body: Any) -> None:
+        self.status = status
+        self.body = body
+        msg = body.get("message") if isinstance(body, dict) else str(body)
+        code = body.get("error") if isinstance(body, dict) else "error"
+        super().__init__(f"HTTP {status} {code}: {msg}")
+
+
+class Client:
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        token: str | None = None,
+        deadline_s: float = 30.0,
+        request_timeout_s: float = 15.0,
+    ) -> None:
+        if not urls:
+            raise ValueError("at least one node URL is needed")
+        self.urls = [u.rstrip("/") for u in urls]
+        self._leader: str | None = None
+        self._token = token
+        self.deadline_s = deadline_s
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Client:
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
+        self._session = aiohttp.ClientSession(headers=headers, timeout=self._timeout)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # ------------------------------------------------------------------ transport
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        headers: dict[str, str] | None = None,
+        url: str | None = None,
+        write: bool = False,
+        deadline_s: float | None = None,
+    ) -> Any:
+        """Send a request, retrying retryable failures until the deadline."""
+        assert self._session is not None, "use 'async with Client(...)'"
+        deadline = time.monotonic() + (deadline_s if deadline_s is not None else self.deadline_s)
+        attempt = 0
+        last_error: Exception | None = None
+        data = orjson.dumps(json_body) if json_body is not None else None
+        hdrs = {"Content-Type": "application/json", **(headers or {})}
+        while True:
+            base = url or (self._leader if write and self._leader else self.urls[attempt % len(self.urls)])
+            try:
+                async with self._session.request(method, base + path, data=data, headers=hdrs) as r:
+                    raw = await r.read()
+                    body = orjson.loads(raw) if raw else None
+                    leader = r.headers.get("X-Chronomq-Leader")
+                    if write and r.status < 400:
+                        self._leader = leader or base
+                    if r.status < 400:
+                        return body
+                    if isinstance(body, dict) and body.get("leader"):
+                        self._leader = body["leader"]
+                    if r.status not in RETRYABLE or url is not None:
+                        raise ClientError(r.status, body)
+                    last_error = ClientError(r.status, body)
+            except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+                last_error = exc
+                if write and self._leader == base:
+                    self._leader = None
+            attempt += 1
+            backoff = min(0.05 * 2**attempt, 1.0) * (0.5 + random.random())
+            if time.monotonic() + backoff > deadline:
+                if isinstance(last_error, ClientError):
+                    raise last_error
+                raise ConnectionError(f"{method} {path} failed until the deadline: {last_error}")
+            await asyncio.sleep(backoff)
+
+    # ------------------------------------------------------------------ API
+
+    async def produce(
+        self, topic: str, messages: Sequence[dict[str, Any]], *, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        key = idempotency_key or uuid.uuid4().hex
+        result: dict[str, Any] = await self.request(
+            "POST",
+            f"/v1/topics/{topic}/messages",
+            json_body={"messages": list(messages)},
+            headers={"Idempotency-Key": key},
+            write=True,
+        )
+        return result
+
+    async def send(self, topic: str, body: str, **fields: Any) -> dict[str, Any]:
+        result = await self.produce(topic, [{"body": body, **fields}])
+        first: dict[str, Any] = result["results"][0]
+        return first
+
+    async def pull(
+        self, topic: str, queue: int, offset: int, max_messages: int = 32, wait_ms: int = 0, url: str | None = None
+    ) -> dict[str, Any]:
+        path = f"/v1/topics/{topic}/queues/{queue}/messages?offset={offset}&max={max_messages}&wait_ms={wait_ms}"
+        result: dict[str, Any] = await self.request("GET", path, url=url)
+        return result
+
+    async def topic(self, topic: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self.request("GET", f"/v1/topics/{topic}")
+        return result
+
+    async def topics(self) -> dict[str, Any]:
+        result: dict[str, Any] = await self.request("GET", "/v1/topics")
+        return result
+
+    async def create_topic(self, topic: str, queues: int) -> dict[str, Any]:
+        result: dict[str, Any] = await self.request("PUT", f"/v1/topics/{topic}", json_body={"queues": queues}, write=True)
+        return result
+
+    async def commit_offset(self, group: str, topic: str, queue: int, offset: int) -> None:
+        await self.request(
+            "PUT", f"/v1/groups/{group}/offsets", json_body={"topic": topic, "queue": queue, "offset": offset}, write=True
+        )
+
+    async def offsets(self, group: str, topic: str | None = None, url: str | None = None) -> list[dict[str, Any]]:
+        q = f"?topic={topic}" if topic else ""
+        result = await self.request("GET", f"/v1/groups/{group}/offsets{q}", url=url)
+        offsets: list[dict[str, Any]] = result["offsets"]
+        return offsets
+
+    async def retry(self, group: str, topic: str, queue: int, offset: int) -> dict[str, Any]:
+        result: dict[str, Any] = await self.request(
+            "POST", f"/v1/groups/{group}/retry", json_body={"topic": topic, "queue": queue, "offset": offset}, write=True
+        )
+        return result
+
+    async def cancel_timer(self, msg_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self.request("DELETE", f"/v1/timers/{msg_id}", write=True)
+        return result
+
+    async def cluster(self, url: str | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = await self.request("GET", "/v1/admin/cluster", url=url)
+        return result
+
+    async def node(self, url: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self.request("GET", "/v1/admin/node", url=url)
+        return result
+
+    async def admin_config(self) -> dict[str, Any]:
+        result: dict[str, Any] = await self.request("GET", "/v1/admin/config")
+        return result
+
+    async def patch_config(self, changes: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = await self.request("PATCH", "/v1/admin/config", json_body=changes, write=True)
+        return result
+
+    async def transfer_leadership(self, to: int | None) -> dict[str, Any]:
+        body = {"to": to} if to is not None else {}
+        result: dict[str, Any] = await self.request("POST", "/v1/admin/leadership/transfer", json_body=body, write=True)
+        return result
+
+
+class BatchingProducer:
+    """Collects single messages and sends them in batches of up to ``max_batch``."""
+
+    def __init__(self, client: Client, topic: str, *, max_batch: int = 100, linger_ms: int = 5) -> None:
+        self.client = client
+        self.topic = topic
+        self.max_batch = max_batch
+        self.linger_s = linger_ms / 1000
+        self._pending: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def send(self, message: dict[str, Any]) -> dict[str, Any]:
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending.append((message, fut))
+        if len(self._pending) >= self.max_batch:
+            await self._flush()
+        elif self._flusher is None:
+            self._flusher = asyncio.create_task(self._linger())
+        return await fut
+
+    async def _linger(self) -> None:
+        await asyncio.sleep(self.linger_s)
+        self._flusher = None
+        await self._flush()
+
+    async def _flush(self) -> None:
+        batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+        if not batch:
+            return
+        try:
+            result = await self.client.produce(self.topic, [m for m, _ in batch])
+            for (_, fut), r in zip(batch, result["results"], strict=True):
+                if not fut.done():
+                    fut.set_result(r)
+        except Exception as exc:
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+
+    async def flush(self) -> None:
+        while self._pending:
+            await self._flush()
+
+
+class Consumer:
+    """Pulls one queue from its committed offset and commits as it goes."""
+
+    def __init__(self, client: Client, group: str, topic: str, queue: int) -> None:
+        self.client = client
+        self.group = group
+        self.topic = topic
+        self.queue = queue
+        self.offset: int | None = None
+
+    async def _start_offset(self) -> int:
+        for o in await self.client.offsets(self.group, self.topic):
+            if o["queue"] == self.queue:
+                return int(o["offset"])
+        return 0
+
+    async def poll(self, max_messages: int = 32, wait_ms: int = 1000) -> list[dict[str, Any]]:
+        if self.offset is None:
+            self.offset = await self._start_offset()
+        data = await self.client.pull(self.topic, self.queue, self.offset, max_messages, wait_ms)
+        self.offset = data["next_offset"]
+        messages: list[dict[str, Any]] = data["messages"]
+        return messages
+
+    async def commit(self) -> None:
+        if self.offset is not None:
+            await self.client.commit_offset(self.group, self.topic, self.queue, self.offset)

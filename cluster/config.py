@@ -1,0 +1,343 @@
+"""Node configuration: one TOML file per node, every key overridable from the environment.
+
+Every key is declared once in :data:`KEYS` with its type, default, limits, whether it may change
+at runtime, and its documentation; the README's configuration reference is generated from this
+table (``chronomq config docs``). Names follow RocketMQ's where one exists, in snake_case.
+A bad file, key or value stops the node at start with a message naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from raftlog.config import RaftConfig, RaftPeer
+
+ENV_PREFIX = "CHRONOMQ_"
+
+
+class ConfigError(ValueError):
+    """A configuration key has a bad value. ``key`` names it."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}")
+        self.key = key
+        self.problem = problem
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    name: str
+    type: type
+    default: Any
+    doc: str
+    runtime: bool = False  # may be changed with PATCH /v1/admin/config
+    min: float | None = None
+    max: float | None = None
+    choices: tuple[str, ...] | None = None
+    secret: bool = False
+    check: Callable[[Any], str | None] | None = None  # returns a problem or None
+
+
+def _delay_levels(value: Any) -> str | None:
+    from schedule.errors import ConfigError as ScheduleConfigError
+    from schedule.levels import DelayLevelTable
+
+    try:
+        DelayLevelTable.parse(value)
+    except ScheduleConfigError as exc:
+        return exc.problem
+    return None
+
+
+KEYS: tuple[Key, ...] = (
+    # Identity and addresses.
+    Key("node_id", int, 0, "This node's id, unique in the cluster (0-based).", min=0, max=1023),
+    Key("data_dir", str, "./var/node-0", "Directory for the CommitLog, ConsumeQueues, Raft journal and snapshots."),
+    Key("http_host", str, "127.0.0.1", "Address the HTTP API binds to. Loopback by default."),
+    Key("http_port", int, 8080, "Port of the HTTP API.", min=1, max=65535),
+    Key("raft_host", str, "127.0.0.1", "Address Raft listens on and peers use to reach this node."),
+    Key("raft_port", int, 9080, "Port of Raft traffic.", min=1, max=65535),
+    Key("fetch_port", int, 0, "Port of the CommitLog catch-up channel; 0 means raft_port + 1000.", min=0, max=65535),
+    Key(
+        "peers",
+        list,
+        [],
+        "The other members: a list of tables with id, raft (host:port), http (URL) and optionally fetch (host:port).",
+    ),
+    # Storage.
+    Key(
+        "flush",
+        str,
+        "async",
+        "Durability: 'async' survives a killed process (bytes reach the page cache before the "
+        "answer); 'sync' also survives a power cut of a minority (journal entries and CommitLog "
+        "are fsynced before being acknowledged).",
+        choices=("async", "sync"),
+    ),
+    Key(
+        "commitlog_segment_bytes",
+        int,
+        128 * 1024 * 1024,
+        "CommitLog segment size. Must be equal on every node.",
+        min=1 << 16,
+        max=1 << 32,
+    ),
+    Key("max_message_size", int, 4 * 1024 * 1024, "Largest message body in bytes.", min=1, max=64 * 1024 * 1024),
+    Key("max_request_bytes", int, 16 * 1024 * 1024, "Largest HTTP request body in bytes.", min=1024, max=256 * 1024 * 1024),
+    Key("max_messages_per_request", int, 1000, "Most messages in one produce request.", min=1, max=100_000),
+    Key("max_pull_messages", int, 1000, "Most messages one pull returns.", min=1, max=100_000),
+    Key("max_wait_ms", int, 30_000, "Longest long-poll a pull may ask for.", min=0, max=300_000),
+    Key("auto_create_topic", bool, True, "Create a topic on its first produce."),
+    Key("default_topic_queues", int, 4, "Queues of an auto-created topic.", min=1, max=1024),
+    # Group commit and Raft.
+    Key("batch_max_messages", int, 512, "Most messages in one Raft command (group commit).", min=1, max=100_000),
+    Key("batch_max_bytes", int, 1024 * 1024, "Most bytes in one Raft command.", min=1024, max=64 * 1024 * 1024),
+    Key("max_inflight_commands", int, 64, "Raft commands proposed and not yet committed.", min=1, max=10_000),
+    Key("max_pending_messages", int, 200_000, "Messages waiting for commit before produce answers 429.", min=1, max=10_000_000),
+    Key("commit_timeout_ms", int, 10_000, "How long a produce waits for its commit.", min=100, max=600_000),
+    Key("idempotency_window", int, 20_000, "Client batches remembered to drop retried duplicates.", min=100, max=10_000_000),
+    Key("append_entries_period_ms", int, 50, "Raft heartbeat and batching period.", min=1, max=10_000),
+    Key("append_entries_use_batch", bool, True, "Send entries on the heartbeat period (True) or at once (False)."),
+    Key("raft_min_timeout_ms", int, 300, "Lower bound of the election timeout.", min=10, max=60_000),
+    Key("raft_max_timeout_ms", int, 600, "Upper bound of the election timeout.", min=20, max=120_000),
+    Key("connection_timeout_ms", int, 60_000, "Raft connection idle timeout.", min=100, max=600_000),
+    Key("leader_fallback_timeout_ms", int, 3_000, "A leader without a quorum's answers steps down after this.", min=100, max=600_000),
+    Key("leader_lease_ms", int, 1_500, "A leader that commits nothing for this long stops leader-only work.", min=100, max=600_000),
+    Key("log_compaction_min_entries", int, 1_000, "Raft entries between thin snapshots.", min=10, max=10_000_000),
+    # Security and logs.
+    Key("auth_token", str, "", "Bearer token required on write and admin endpoints; empty disables.", secret=True),
+    Key("log_level", str, "info", "Log level.", runtime=True, choices=("debug", "info", "warning", "error")),
+    Key("log_format", str, "auto", "Log lines as 'json', 'text', or 'auto' (JSON when not on a terminal).", choices=("auto", "json", "text")),
+    Key("ops_log_dir", str, "", "Directory for replication/latency/event logs read by `chronomq report`; empty: <data_dir>/ops."),
+    Key("ops_log_enabled", bool, True, "Write replication, latency and event logs.", runtime=True),
+    Key("ops_log_sample_rate", float, 1.0, "Fraction of messages whose latency is logged.", runtime=True, min=0.0, max=1.0),
+    # Schedule service (RocketMQ 4.x delay levels).
+    Key(
+        "message_delay_level",
+        str,
+        "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h",
+        "Delay levels, space-separated, units s m h d.",
+        check=_delay_levels,
+    ),
+    Key("enable_schedule_async_deliver", bool, False, "Deliver delayed messages asynchronously.", runtime=True),
+    Key("schedule_async_deliver_max_pending_limit", int, 2000, "In-flight async deliveries per level.", min=1, max=1_000_000),
+    Key("schedule_async_deliver_max_resend_num_to_blocked", int, 3, "Failures before a level blocks.", min=1, max=1000),
+    Key("max_reconsume_times", int, 16, "Retries before a message goes to the group's DLQ.", min=0, max=1000),
+    # Timer service (RocketMQ 5.x, RIP-43).
+    Key("timer_precision_ms", int, 100, "Timer wheel slot width.", min=10, max=1000),
+    Key("timer_max_delay_sec", int, 365 * 86400, "Longest accepted timer delay.", min=1, max=10 * 365 * 86400),
+    Key("timer_roll_window_slots", int, 3600 * 10 * 2, "Wheel window; later messages roll.", min=10, max=100_000_000),
+    Key("timer_congest_num_each_slot", int, 1_000_000_000, "Messages one slot accepts before 429.", min=1, max=10**12),
+    Key("timer_stop_enqueue", bool, False, "Stop reading new timer messages into the wheel.", runtime=True),
+    Key("timer_stop_dequeue", bool, False, "Stop delivering timer messages.", runtime=True),
+)
+
+KEY_BY_NAME = {k.name: k for k in KEYS}
+
+
+def _coerce(key: Key, value: Any, from_env: bool) -> Any:
+    t = key.type
+    if from_env and isinstance(value, str):
+        try:
+            if t is bool:
+                low = value.strip().lower()
+                if low in ("1", "true", "yes", "on"):
+                    value = True
+                elif low in ("0", "false", "no", "off"):
+                    value = False
+                else:
+                    raise ValueError(value)
+            elif t is int:
+                value = int(value)
+            elif t is float:
+                value = float(value)
+            elif t is list:
+                value = tomllib.loads(f"v = {value}")["v"]
+        except (ValueError, tomllib.TOMLDecodeError):
+            raise ConfigError(key.name, f"cannot read {value!r} as {t.__name__}") from None
+    if t is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if t is int and isinstance(value, bool) or not isinstance(value, t):
+        raise ConfigError(key.name, f"must be {t.__name__}, got {type(value).__name__} {value!r}")
+    if key.min is not None and value < key.min:
+        raise ConfigError(key.name, f"must be >= {key.min}, got {value}")
+    if key.max is not None and value > key.max:
+        raise ConfigError(key.name, f"must be <= {key.max}, got {value}")
+    if key.choices is not None and value not in key.choices:
+        raise ConfigError(key.name, f"must be one of {', '.join(key.choices)}, got {value!r}")
+    if key.check is not None:
+        problem = key.check(value)
+        if problem:
+            raise ConfigError(key.name, problem)
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    id: int
+    raft: str
+    http: str
+    fetch: str
+
+
+class NodeConfig:
+    """Validated settings of one node. Attribute access by key name."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self._values = dict(values)
+        self.peers = self._parse_peers(self._values["peers"])
+        if self._values["raft_min_timeout_ms"] >= self._values["raft_max_timeout_ms"]:
+            raise ConfigError("raft_max_timeout_ms", "must be greater than raft_min_timeout_ms")
+        if self._values["raft_min_timeout_ms"] <= 3 * self._values["append_entries_period_ms"]:
+            raise ConfigError("raft_min_timeout_ms", "must be more than 3 x append_entries_period_ms")
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def _parse_peers(self, peers: list[Any]) -> tuple[Peer, ...]:
+        out = []
+        seen = {self._values["node_id"]}
+        for i, p in enumerate(peers):
+            if not isinstance(p, dict):
+                raise ConfigError("peers", f"entry {i} must be a table with id, raft and http")
+            try:
+                pid = int(p["id"])
+                raft = str(p["raft"])
+                http = str(p["http"]).rstrip("/")
+            except (KeyError, TypeError, ValueError):
+                raise ConfigError("peers", f"entry {i} needs id (int), raft (host:port) and http (URL)") from None
+            if pid in seen:
+                raise ConfigError("peers", f"id {pid} appears twice (or equals node_id)")
+            seen.add(pid)
+            host, _, port = raft.rpartition(":")
+            if not host or not port.isdigit():
+                raise ConfigError("peers", f"entry {i}: raft must be host:port, got {raft!r}")
+            fetch = str(p.get("fetch") or f"{host}:{int(port) + 1000}")
+            if not http.startswith(("http://", "https://")):
+                raise ConfigError("peers", f"entry {i}: http must be a URL, got {http!r}")
+            out.append(Peer(pid, raft, http, fetch))
+        return tuple(out)
+
+    @property
+    def raft_address(self) -> str:
+        return f"{self.raft_host}:{self.raft_port}"
+
+    @property
+    def fetch_address(self) -> str:
+        return f"{self.raft_host}:{self.fetch_port or self.raft_port + 1000}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.http_host}:{self.http_port}"
+
+    def values(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    def masked(self) -> dict[str, Any]:
+        """The effective config with secrets masked, for logs and the admin API."""
+        return {
+            k: ("***" if KEY_BY_NAME[k].secret and v else v) for k, v in self._values.items() if k in KEY_BY_NAME
+        }
+
+    def with_changes(self, changes: Mapping[str, Any]) -> NodeConfig:
+        values = dict(self._values)
+        for name, value in changes.items():
+            key = KEY_BY_NAME.get(name)
+            if key is None:
+                raise ConfigError(name, "unknown key")
+            values[name] = _coerce(key, value, from_env=False)
+        return NodeConfig(values)
+
+    def raft_config(self) -> RaftConfig:
+        return RaftConfig(
+            data_dir=self.data_dir,
+            raft_address=self.raft_address,
+            fetch_address=self.fetch_address,
+            peers=tuple(RaftPeer(p.raft, p.fetch) for p in self.peers),
+            flush=self.flush,
+            commitlog_segment_bytes=self.commitlog_segment_bytes,
+            max_message_bytes=self.max_message_size,
+            batch_max_messages=self.batch_max_messages,
+            batch_max_bytes=self.batch_max_bytes,
+            max_inflight_commands=self.max_inflight_commands,
+            max_pending_messages=self.max_pending_messages,
+            commit_timeout_ms=self.commit_timeout_ms,
+            idempotency_window=self.idempotency_window,
+            default_topic_queues=self.default_topic_queues,
+            append_entries_period_ms=self.append_entries_period_ms,
+            append_entries_use_batch=self.append_entries_use_batch,
+            raft_min_timeout_ms=self.raft_min_timeout_ms,
+            raft_max_timeout_ms=self.raft_max_timeout_ms,
+            connection_timeout_ms=self.connection_timeout_ms,
+            leader_fallback_timeout_ms=self.leader_fallback_timeout_ms,
+            leader_lease_ms=self.leader_lease_ms,
+            log_compaction_min_entries=self.log_compaction_min_entries,
+        )
+
+
+def load(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> NodeConfig:
+    """Defaults, then the TOML file, then ``CHRONOMQ_*`` variables, then ``overrides``."""
+    values: dict[str, Any] = {k.name: k.default for k in KEYS}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError("config", f"file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("config", f"{path} is not valid TOML: {exc}") from None
+        for name, value in data.items():
+            key = KEY_BY_NAME.get(name)
+            if key is None:
+                raise ConfigError(name, f"unknown key in {path}")
+            values[name] = _coerce(key, value, from_env=False)
+    env = os.environ if environ is None else environ
+    for key in KEYS:
+        raw = env.get(ENV_PREFIX + key.name.upper())
+        if raw is not None:
+            values[key.name] = _coerce(key, raw, from_env=True)
+    for name, value in (overrides or {}).items():
+        key = KEY_BY_NAME.get(name)
+        if key is None:
+            raise ConfigError(name, "unknown key")
+        values[name] = _coerce(key, value, from_env=isinstance(value, str) and key.type is not str)
+    for name in ("data_dir", "ops_log_dir"):
+        if values[name]:
+            values[name] = str(Path(values[name]).expanduser().absolute())
+    return NodeConfig(values)
+
+
+def to_toml(values: Mapping[str, Any]) -> str:
+    """Write a config as TOML (for ``cluster up``)."""
+    lines = []
+    tables = []
+    for name, value in values.items():
+        if name == "peers":
+            for p in value:
+                body = "\n".join(f"{k} = {_toml_value(v)}" for k, v in p.items())
+                tables.append(f"[[peers]]\n{body}\n")
+            continue
+        lines.append(f"{name} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n\n" + "\n".join(tables)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    s = str(v).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{s}"'

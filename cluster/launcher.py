@@ -1,0 +1,238 @@
+"""Start, kill and restart local node processes: ``chronomq cluster up``, tests, benches, drills.
+
+Node ``i`` (0-based) serves HTTP on ``127.0.0.1:http_port+i``, Raft on ``raft_port+i`` and its
+catch-up channel on ``raft_port+i+1000``; its files live in ``data_dir/node-i``, its config in
+``node-i/node.toml`` and its log in ``node-i/node.log``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cluster.config import KEY_BY_NAME, ConfigError, _coerce, load, to_toml
+
+HOST = "127.0.0.1"
+
+
+def http_get_json(url: str, timeout_s: float = 1.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:  # noqa: S310 - loopback URLs we built
+        return json.loads(r.read())
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        nodes: int,
+        data_dir: str | os.PathLike[str],
+        *,
+        http_port: int,
+        raft_port: int,
+        settings: Mapping[str, Any] | None = None,
+        node_settings: Mapping[int, Mapping[str, Any]] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        if nodes < 1:
+            raise ValueError("a cluster needs at least one node")
+        self.n = nodes
+        self.data_dir = Path(data_dir).absolute()
+        self.http_port = http_port
+        self.raft_port = raft_port
+        self.settings = dict(settings or {})
+        self.node_settings = {i: dict(s) for i, s in (node_settings or {}).items()}
+        self.env = dict(env or {})
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._logs: dict[int, Any] = {}
+
+    # ------------------------------------------------------------------ layout
+
+    def http_url(self, i: int) -> str:
+        return f"http://{HOST}:{self.http_port + i}"
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.http_url(i) for i in range(self.n)]
+
+    def node_dir(self, i: int) -> Path:
+        return self.data_dir / f"node-{i}"
+
+    def config_values(self, i: int) -> dict[str, Any]:
+        peers = [
+            {
+                "id": j,
+                "raft": f"{HOST}:{self.raft_port + j}",
+                "http": self.http_url(j),
+                "fetch": f"{HOST}:{self.raft_port + j + 1000}",
+            }
+            for j in range(self.n)
+            if j != i
+        ]
+        values: dict[str, Any] = {
+            "node_id": i,
+            "data_dir": str(self.node_dir(i) / "data"),
+            "http_host": HOST,
+            "http_port": self.http_port + i,
+            "raft_host": HOST,
+            "raft_port": self.raft_port + i,
+            "fetch_port": self.raft_port + i + 1000,
+        }
+        for name, value in {**self.settings, **self.node_settings.get(i, {})}.items():
+            key = KEY_BY_NAME.get(name)
+            if key is None:
+                raise ConfigError(name, "unknown key")
+            values[name] = _coerce(key, value, from_env=isinstance(value, str) and key.type is not str)
+        values["peers"] = peers
+        return values
+
+    def write_configs(self) -> None:
+        for i in range(self.n):
+            d = self.node_dir(i)
+            d.mkdir(parents=True, exist_ok=True)
+            path = d / "node.toml"
+            path.write_text(to_toml(self.config_values(i)))
+            load(path, environ={})  # fail here, naming the key, rather than in a child
+
+    # ------------------------------------------------------------------ processes
+
+    def start(self, i: int | None = None) -> None:
+        if i is None:
+            self.write_configs()
+            for j in range(self.n):
+                self.start(j)
+            return
+        if i in self.procs and self.procs[i].poll() is None:
+            raise RuntimeError(f"node {i} is already running")
+        d = self.node_dir(i)
+        log = open(d / "node.log", "ab")  # noqa: SIM115 - closed in _reap
+        self._logs[i] = log
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        self.procs[i] = subprocess.Popen(
+            [sys.executable, "-m", "cluster", "node", "--config", str(d / "node.toml")],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+
+    def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
+        p = self.procs.get(i)
+        if p is None or p.poll() is not None:
+            return
+        p.send_signal(sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+            self._reap(i)
+
+    def restart(self, i: int) -> None:
+        self.kill(i)
+        self.start(i)
+
+    def alive(self, i: int) -> bool:
+        p = self.procs.get(i)
+        return p is not None and p.poll() is None
+
+    def _reap(self, i: int) -> None:
+        log = self._logs.pop(i, None)
+        if log is not None:
+            log.close()
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        for i, p in list(self.procs.items()):
+            if p.poll() is None:
+                try:
+                    os.kill(p.pid, signal.SIGCONT)  # a paused node must be able to stop
+                    p.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + timeout_s
+        for i, p in list(self.procs.items()):
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+            self._reap(i)
+
+    # ------------------------------------------------------------------ state
+
+    def node_status(self, i: int, timeout_s: float = 1.0) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = http_get_json(f"{self.http_url(i)}/v1/admin/node", timeout_s)
+            return data
+        except (OSError, urllib.error.URLError, ValueError):
+            return None
+
+    def leader(self, among: list[int] | None = None) -> int | None:
+        """The node that is confirmed leader, if exactly one claims it."""
+        leaders = []
+        for i in among if among is not None else range(self.n):
+            if not self.alive(i):
+                continue
+            st = self.node_status(i)
+            if st and st.get("role") == "leader":
+                leaders.append(i)
+        return leaders[0] if len(leaders) == 1 else None
+
+    def wait_leader(self, timeout_s: float = 30.0, among: list[int] | None = None) -> int:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for i in range(self.n):
+                p = self.procs.get(i)
+                if p is not None and p.poll() is not None and p.returncode not in (0, -9, -15):
+                    raise RuntimeError(f"node {i} exited with {p.returncode}; see {self.node_dir(i) / 'node.log'}")
+            leader = self.leader(among)
+            if leader is not None:
+                return leader
+            time.sleep(0.05)
+        raise TimeoutError(f"no leader within {timeout_s} s")
+
+    def digests(self, nodes: list[int] | None = None) -> dict[int, dict[str, Any] | None]:
+        out: dict[int, dict[str, Any] | None] = {}
+        for i in nodes if nodes is not None else range(self.n):
+            st = self.node_status(i)
+            out[i] = st["digest"] if st else None
+        return out
+
+    def wait_converged(self, timeout_s: float = 60.0, nodes: list[int] | None = None) -> dict[str, Any]:
+        """Wait until the given nodes report the same CommitLog digest; return it."""
+        deadline = time.monotonic() + timeout_s
+        last: dict[int, Any] = {}
+        while time.monotonic() < deadline:
+            last = self.digests(nodes)
+            values = list(last.values())
+            if values and all(v is not None for v in values):
+                keyed = {(v["length"], v["chain"]) for v in values if v}
+                if len(keyed) == 1:
+                    return values[0]  # type: ignore[return-value]
+            time.sleep(0.1)
+        raise TimeoutError(f"digests did not converge within {timeout_s} s: {last}")
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def parse_sets(pairs: list[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(pair, "--set takes key=value")
+        out[key.strip()] = value
+    return out

@@ -1,0 +1,63 @@
+"""``chronomq node --config FILE``: run one broker node until SIGTERM or SIGINT.
+
+Shutdown is graceful: stop accepting requests, let in-flight commits finish, flush and close
+the store, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+import orjson
+from aiohttp import web
+
+from cluster import logs
+from cluster.api import create_app
+from cluster.broker import Broker
+from cluster.config import ConfigError, NodeConfig, load
+from raftlog.node import RaftLog
+
+log = logging.getLogger("chronomq.node")
+
+
+async def serve(config: NodeConfig) -> int:
+    raftlog = RaftLog(config.raft_config(), auto_create_topics=config.auto_create_topic)
+    broker = Broker(config, raftlog)
+    app = create_app(broker)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=5.0)
+    await runner.setup()
+    site = web.TCPSite(runner, config.http_host, config.http_port, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as exc:
+        log.error("cannot listen on %s:%s: %s", config.http_host, config.http_port, exc)
+        raftlog.close()
+        return 2
+    log.info("node %s serving HTTP on %s, Raft on %s", config.node_id, config.http_url, config.raft_address)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("stopping: finishing in-flight requests")
+    await runner.cleanup()
+    await asyncio.to_thread(raftlog.close)
+    log.info("stopped")
+    return 0
+
+
+def run(config_path: str | None, overrides: dict[str, str] | None = None) -> int:
+    try:
+        config = load(config_path, overrides=overrides)
+    except ConfigError as exc:
+        print(f"chronomq node: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    logs.setup(f"node-{config.node_id}", config.log_level, config.log_format)
+    log.info("effective config: %s", orjson.dumps(config.masked()).decode())
+    try:
+        return asyncio.run(serve(config))
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,1 @@
+"""Operator tooling: log schemas, Spark reports, benchmarks and failover drills."""

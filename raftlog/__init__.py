@@ -1,0 +1,1 @@
+"""Replicated CommitLog: message records, CommitLog segments, ConsumeQueues and the Raft state machine."""

@@ -1,0 +1,103 @@
+"""Commands: what the leader proposes to the Raft group and every node applies.
+
+A command is binary, never pickled by us::
+
+    0       2       3       4               8
+    +-------+-------+-------+---------------+----------------+-----------------------------+
+    | magic | ver   | kind  | meta_len      | meta (orjson)  | blob: records back to back  |
+    +-------+-------+-------+---------------+----------------+-----------------------------+
+
+``meta`` holds the leader's propose time, the batches (one per client request: idempotency
+key, message count, conditions, state updates, topic creations) and, per message, the topic
+index, queue id and record size. Everything that depends on time, randomness or the node was
+decided by the leader and is inside the command, so applying it is deterministic.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import orjson
+
+from raftlog.errors import StoreCorruption
+
+_HEAD = struct.Struct(">HBBI")
+MAGIC = 0xC0DE
+VERSION = 1
+
+Scalar = int | str | None
+
+
+class Kind(enum.IntEnum):
+    APPEND = 1
+    BARRIER = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One client request inside a command; applied atomically."""
+
+    key: str
+    count: int
+    expect: Mapping[str, Scalar] | None = None
+    updates: Mapping[str, Scalar] | None = None
+    creates: Mapping[str, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    kind: Kind
+    propose_ms: int
+    batches: tuple[Batch, ...] = ()
+    topics: tuple[str, ...] = ()
+    # Per message: (topic index, queue id, record size).
+    messages: tuple[tuple[int, int, int], ...] = ()
+    blob: bytes = b""
+    extra: Mapping[str, object] = field(default_factory=dict)
+
+
+def encode(cmd: Command) -> bytes:
+    meta = {
+        "t": cmd.propose_ms,
+        "b": [
+            [b.key, b.count, b.expect, b.updates, b.creates] for b in cmd.batches
+        ],
+        "tp": list(cmd.topics),
+        "m": [x for m in cmd.messages for x in m],
+        "x": cmd.extra or None,
+    }
+    meta_bytes = orjson.dumps(meta)
+    return _HEAD.pack(MAGIC, VERSION, int(cmd.kind), len(meta_bytes)) + meta_bytes + cmd.blob
+
+
+def decode(data: bytes) -> Command:
+    if len(data) < _HEAD.size:
+        raise StoreCorruption("command shorter than its header")
+    magic, version, kind, meta_len = _HEAD.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise StoreCorruption(f"command has a bad magic {magic:#x}")
+    if version != VERSION:
+        raise StoreCorruption(f"command version {version} is not supported (this node knows {VERSION})")
+    start = _HEAD.size
+    if len(data) < start + meta_len:
+        raise StoreCorruption(f"command meta is cut short: {len(data) - start} of {meta_len} bytes")
+    try:
+        meta = orjson.loads(data[start : start + meta_len])
+        flat = meta["m"]
+        if len(flat) % 3:
+            raise ValueError("message table is not made of triples")
+        messages = tuple((flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3))
+        return Command(
+            kind=Kind(kind),
+            propose_ms=meta["t"],
+            batches=tuple(Batch(k, n, e, u, c) for k, n, e, u, c in meta["b"]),
+            topics=tuple(meta["tp"]),
+            messages=messages,
+            blob=data[start + meta_len :],
+            extra=meta.get("x") or {},
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise StoreCorruption(f"command does not decode: {exc}") from None

@@ -1,0 +1,264 @@
+"""Group commit: many client batches, one Raft command.
+
+Callers hand in batches (already encoded records plus conditions and state updates) from any
+thread and get a ``concurrent.futures.Future``. One thread packs waiting batches into commands,
+bounded by message count and bytes, keeps at most ``max_inflight`` commands proposed at once,
+and resolves each batch's future from pysyncobj's callback. Every command has a deadline: when
+it passes with no callback the batch fails with :class:`CommitTimeout` (its outcome is unknown,
+so a retry must reuse the idempotency key, which apply honours).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from pysyncobj import FAIL_REASON
+
+from raftlog import command as cmdcodec
+from raftlog.errors import (
+    CommitTimeout,
+    ConditionFailed,
+    NotLeader,
+    Overloaded,
+    ReplicationError,
+    UnknownQueue,
+)
+from raftlog.store import BAD_QUEUE, CONDITION_FAILED, ApplyResult, BatchOutcome
+
+log = logging.getLogger(__name__)
+
+Propose = Callable[[bytes, Callable[[Any, int], None]], None]
+
+
+@dataclass(slots=True)
+class PendingBatch:
+    key: str
+    topics: list[str]
+    messages: list[tuple[int, int, int]]  # (topic index in self.topics, queue id, size)
+    blob: bytes
+    expect: Mapping[str, cmdcodec.Scalar] | None = None
+    updates: Mapping[str, cmdcodec.Scalar] | None = None
+    creates: Mapping[str, int] | None = None
+    future: Future[BatchOutcome] = field(default_factory=Future)
+    submitted: float = field(default_factory=time.monotonic)
+
+
+@dataclass(slots=True)
+class _InFlight:
+    batches: list[PendingBatch]
+    deadline: float
+    proposed: float
+
+
+def _failure(reason: int) -> ReplicationError:
+    if reason in (FAIL_REASON.NOT_LEADER, FAIL_REASON.MISSING_LEADER, FAIL_REASON.LEADER_CHANGED, FAIL_REASON.DISCARDED):
+        return NotLeader(f"leadership changed before the command committed (reason {reason})")
+    if reason == FAIL_REASON.QUEUE_FULL:
+        return Overloaded("the Raft command queue is full")
+    if reason == FAIL_REASON.UNKNOWN_OUTCOME:
+        return CommitTimeout("the command's outcome is unknown; retry with the same idempotency key")
+    return ReplicationError(f"the command failed (reason {reason})")
+
+
+class GroupCommitter:
+    def __init__(
+        self,
+        propose: Propose,
+        *,
+        max_messages: int,
+        max_bytes: int,
+        max_inflight: int,
+        max_pending_messages: int,
+        commit_timeout_ms: int,
+        now_ms: Callable[[], int],
+    ) -> None:
+        self._propose = propose
+        self._max_messages = max_messages
+        self._max_bytes = max_bytes
+        self._max_inflight = max_inflight
+        self._max_pending = max_pending_messages
+        self._timeout_s = commit_timeout_ms / 1000
+        self._now_ms = now_ms
+        self._cond = threading.Condition()
+        self._queue: collections.deque[PendingBatch] = collections.deque()
+        self._queued_messages = 0
+        self._inflight: dict[int, _InFlight] = {}
+        self._seq = 0
+        self._closed = False
+        self.last_commit_monotonic = 0.0
+        self.commands_proposed = 0
+        self.commands_committed = 0
+        self.on_committed: list[Callable[[ApplyResult, float], None]] = []
+        self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ API
+
+    def submit(self, batch: PendingBatch) -> Future[BatchOutcome]:
+        with self._cond:
+            if self._closed:
+                raise NotLeader("this node is shutting down")
+            if self._queued_messages + len(batch.messages) > self._max_pending and self._queue:
+                raise Overloaded(
+                    f"{self._queued_messages} messages are waiting for commit (limit {self._max_pending})"
+                )
+            self._queue.append(batch)
+            self._queued_messages += len(batch.messages)
+            self._cond.notify()
+        return batch.future
+
+    @property
+    def queued_messages(self) -> int:
+        return self._queued_messages
+
+    @property
+    def inflight_commands(self) -> int:
+        return len(self._inflight)
+
+    def fail_all(self, exc: Exception) -> None:
+        """Fail everything queued or in flight (leadership lost, shutting down)."""
+        with self._cond:
+            queued = list(self._queue)
+            self._queue.clear()
+            self._queued_messages = 0
+            inflight = list(self._inflight.values())
+            self._inflight.clear()
+            self._cond.notify_all()
+        for b in queued:
+            _set_exception(b.future, exc)
+        for f in inflight:
+            for b in f.batches:
+                _set_exception(b.future, exc)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=5)
+        self.fail_all(NotLeader("this node is shutting down"))
+
+    # ------------------------------------------------------------------ loop
+
+    def _take(self) -> list[PendingBatch]:
+        taken: list[PendingBatch] = []
+        n = 0
+        size = 0
+        while self._queue:
+            nxt = self._queue[0]
+            if taken and (n + len(nxt.messages) > self._max_messages or size + len(nxt.blob) > self._max_bytes):
+                break
+            taken.append(self._queue.popleft())
+            n += len(nxt.messages)
+            size += len(nxt.blob)
+        self._queued_messages -= n
+        return taken
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and (not self._queue or len(self._inflight) >= self._max_inflight):
+                    self._cond.wait(timeout=0.05)
+                    self._expire()
+                if self._closed:
+                    return
+                batches = self._take()
+                self._seq += 1
+                seq = self._seq
+                now = time.monotonic()
+                self._inflight[seq] = _InFlight(batches, now + self._timeout_s, now)
+            try:
+                data = self._encode(batches)
+                self.commands_proposed += 1
+                self._propose(data, lambda res, err, seq=seq: self._done(seq, res, err))
+            except Exception as exc:
+                log.exception("proposing a command failed")
+                self._finish(seq, None, exc)
+
+    def _encode(self, batches: list[PendingBatch]) -> bytes:
+        topics: list[str] = []
+        index: dict[str, int] = {}
+        messages: list[tuple[int, int, int]] = []
+        for b in batches:
+            for tidx, qid, size in b.messages:
+                name = b.topics[tidx]
+                i = index.get(name)
+                if i is None:
+                    i = index[name] = len(topics)
+                    topics.append(name)
+                messages.append((i, qid, size))
+        cmd = cmdcodec.Command(
+            kind=cmdcodec.Kind.APPEND,
+            propose_ms=self._now_ms(),
+            batches=tuple(
+                cmdcodec.Batch(b.key, len(b.messages), b.expect, b.updates, b.creates) for b in batches
+            ),
+            topics=tuple(topics),
+            messages=tuple(messages),
+            blob=b"".join(b.blob for b in batches),
+        )
+        return cmdcodec.encode(cmd)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for seq in [s for s, f in self._inflight.items() if f.deadline < now]:
+            f = self._inflight.pop(seq)
+            log.warning("command with %d batches timed out after %.1f s", len(f.batches), self._timeout_s)
+            for b in f.batches:
+                _set_exception(b.future, CommitTimeout("no commit before the deadline; outcome unknown"))
+            self._cond.notify_all()
+
+    def _done(self, seq: int, res: Any, err: int) -> None:
+        if err == FAIL_REASON.SUCCESS:
+            self._finish(seq, res, None)
+        else:
+            self._finish(seq, None, _failure(err))
+
+    def _finish(self, seq: int, res: ApplyResult | None, exc: Exception | None) -> None:
+        with self._cond:
+            f = self._inflight.pop(seq, None)
+            self._cond.notify_all()
+        if f is None:
+            return  # timed out already
+        if exc is not None:
+            for b in f.batches:
+                _set_exception(b.future, exc)
+            return
+        assert res is not None
+        now = time.monotonic()
+        self.last_commit_monotonic = now
+        self.commands_committed += 1
+        # Apply gives one outcome per batch, in order; two batches may share a key (a retry
+        # queued behind the original), so match by position, not by key.
+        outcomes: list[BatchOutcome | None] = list(res.outcomes)
+        if [o.key for o in res.outcomes] != [b.key for b in f.batches]:
+            by_key = {o.key: o for o in reversed(res.outcomes)}
+            outcomes = [by_key.get(b.key) for b in f.batches]
+        for b, o in zip(f.batches, outcomes, strict=True):
+            if o is None:
+                _set_exception(b.future, ReplicationError(f"batch {b.key} missing from the apply result"))
+            elif o.status == CONDITION_FAILED:
+                _set_exception(b.future, ConditionFailed(o.detail))
+            elif o.status == BAD_QUEUE:
+                _set_exception(b.future, UnknownQueue(o.detail, "queue"))
+            elif not b.future.done():
+                b.future.set_result(o)
+        for listener in self.on_committed:
+            try:
+                listener(res, (now - f.proposed) * 1000)
+            except Exception:
+                log.exception("commit listener failed")
+
+
+def _set_exception(future: Future[Any], exc: Exception) -> None:
+    if not future.done():
+        try:
+            future.set_exception(exc)
+        except Exception:  # raced with another resolution
+            pass

@@ -1,0 +1,46 @@
+"""Settings of one node's replicated log."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class RaftPeer:
+    """Another member: its Raft address and its catch-up (CommitLog fetch) address."""
+
+    raft: str
+    fetch: str
+
+
+@dataclass(frozen=True, slots=True)
+class RaftConfig:
+    data_dir: str
+    raft_address: str  # host:port this node's Raft listens on
+    fetch_address: str  # host:port of this node's catch-up server
+    peers: tuple[RaftPeer, ...] = ()
+    flush: str = "async"  # "async" | "sync"
+    commitlog_segment_bytes: int = 128 * 1024 * 1024
+    max_message_bytes: int = 4 * 1024 * 1024
+    # Group commit.
+    batch_max_messages: int = 512
+    batch_max_bytes: int = 1024 * 1024
+    max_inflight_commands: int = 64
+    max_pending_messages: int = 200_000
+    commit_timeout_ms: int = 10_000
+    idempotency_window: int = 20_000
+    default_topic_queues: int = 4
+    # pysyncobj.
+    append_entries_period_ms: int = 50
+    append_entries_use_batch: bool = True
+    raft_min_timeout_ms: int = 300
+    raft_max_timeout_ms: int = 600
+    connection_timeout_ms: int = 60_000
+    connection_retry_ms: int = 1_000
+    leader_fallback_timeout_ms: int = 3_000
+    log_compaction_min_entries: int = 1_000
+    log_compaction_min_time_s: int = 60
+    # Leadership: a leader that has not committed for this long stops its leader-only work.
+    leader_lease_ms: int = 1_500
+    catchup_deadline_s: int = 300
+    extra: dict[str, object] = field(default_factory=dict)

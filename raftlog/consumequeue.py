@@ -1,0 +1,230 @@
+"""ConsumeQueues: per (topic, queue) indexes into the CommitLog.
+
+Each queue is one append-only file of fixed 20-byte units, the unit at index ``n`` describing
+the message at queue offset ``n``::
+
+    0                               8               12                              20
+    +-------------------------------+---------------+-------------------------------+
+    | commitlog_offset (u64)        | size (u32)    | tags_code (i64)               |
+    +-------------------------------+---------------+-------------------------------+
+
+``tags_code`` is a hash of the message's tags, or for delayed messages the time it falls due
+(ms), which is what the schedule service scans by. ConsumeQueues are derived from the
+CommitLog: when one is missing or behind it is rebuilt from the records (see
+:meth:`ConsumeQueueStore.repair`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from raftlog import record
+from raftlog.commitlog import CommitLog
+
+log = logging.getLogger(__name__)
+
+UNIT = struct.Struct(">QIq")
+UNIT_SIZE = UNIT.size  # 20
+_MAX_OPEN_FILES = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class CqUnit:
+    queue_offset: int
+    commitlog_offset: int
+    size: int
+    tags_code: int
+
+
+def tags_hash(tags: str | None) -> int:
+    """A stable 63-bit hash of a tag string (0 for none), used as a unit's tags_code."""
+    if not tags:
+        return 0
+    h = 0
+    for b in tags.encode():
+        h = (h * 31 + b) & 0x7FFF_FFFF_FFFF_FFFF
+    return h
+
+
+class ConsumeQueueStore:
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._fds: OrderedDict[tuple[str, int], int] = OrderedDict()
+        self._units: dict[tuple[str, int], int] = {}
+        self._dirty: set[tuple[str, int]] = set()
+        self._scan()
+
+    # ------------------------------------------------------------------ files
+
+    def _path(self, topic: str, queue_id: int) -> Path:
+        return self.directory / topic / f"{queue_id:05d}"
+
+    def _scan(self) -> None:
+        for topic_dir in self.directory.iterdir():
+            if not topic_dir.is_dir():
+                continue
+            for qfile in topic_dir.iterdir():
+                if not qfile.name.isdigit():
+                    continue
+                size = qfile.stat().st_size
+                if size % UNIT_SIZE:
+                    log.warning("ConsumeQueue %s has a torn unit: truncating", qfile)
+                    os.truncate(qfile, size - size % UNIT_SIZE)
+                    size -= size % UNIT_SIZE
+                self._units[(topic_dir.name, int(qfile.name))] = size // UNIT_SIZE
+
+    def _fd(self, key: tuple[str, int]) -> int:
+        fd = self._fds.get(key)
+        if fd is not None:
+            self._fds.move_to_end(key)
+            return fd
+        path = self._path(*key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fds[key] = fd
+        if len(self._fds) > _MAX_OPEN_FILES:
+            old_key, old_fd = self._fds.popitem(last=False)
+            if old_key in self._dirty:
+                os.fsync(old_fd)
+                self._dirty.discard(old_key)
+            os.close(old_fd)
+        return fd
+
+    # ------------------------------------------------------------------ queries
+
+    def queues(self) -> dict[tuple[str, int], int]:
+        """Every queue on disk and its unit count (= its max offset)."""
+        return dict(self._units)
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        return self._units.get((topic, queue_id), 0)
+
+    def read(self, topic: str, queue_id: int, offset: int, max_units: int) -> list[CqUnit]:
+        key = (topic, queue_id)
+        with self._lock:
+            end = min(self._units.get(key, 0), offset + max_units)
+            if offset >= end or offset < 0:
+                return []
+            data = os.pread(self._fd(key), (end - offset) * UNIT_SIZE, offset * UNIT_SIZE)
+        return [
+            CqUnit(offset + i, phys, size, tags)
+            for i, (phys, size, tags) in enumerate(UNIT.iter_unpack(data))
+        ]
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, topic: str, queue_id: int, first_offset: int, units: bytes) -> None:
+        """Append packed units whose first queue offset is ``first_offset``."""
+        key = (topic, queue_id)
+        with self._lock:
+            have = self._units.get(key, 0)
+            if first_offset != have:
+                raise ValueError(f"ConsumeQueue {topic}/{queue_id} has {have} units, not {first_offset}")
+            fd = self._fd(key)
+            os.pwrite(fd, units, have * UNIT_SIZE)
+            self._units[key] = have + len(units) // UNIT_SIZE
+            self._dirty.add(key)
+
+    def truncate(self, topic: str, queue_id: int, units: int) -> None:
+        key = (topic, queue_id)
+        with self._lock:
+            if self._units.get(key, 0) <= units:
+                return
+            os.ftruncate(self._fd(key), units * UNIT_SIZE)
+            self._units[key] = units
+            self._dirty.add(key)
+
+    def drop(self, topic: str, queue_id: int) -> None:
+        key = (topic, queue_id)
+        with self._lock:
+            fd = self._fds.pop(key, None)
+            if fd is not None:
+                os.close(fd)
+            self._units.pop(key, None)
+            self._dirty.discard(key)
+            self._path(topic, queue_id).unlink(missing_ok=True)
+
+    def sync(self) -> None:
+        with self._lock:
+            for key in list(self._dirty):
+                os.fsync(self._fd(key))
+            self._dirty.clear()
+
+    def close(self) -> None:
+        with self._lock:
+            self.sync()
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+    # ------------------------------------------------------------------ repair
+
+    def repair(self, commitlog: CommitLog, expected: Mapping[tuple[str, int], int]) -> int:
+        """Make every queue hold exactly ``expected[queue]`` units, all pointing below the
+        CommitLog's end; queues not in ``expected`` are dropped.
+
+        Units past the expected count are cut; missing ones are rebuilt by scanning the
+        CommitLog from the earliest point any queue needs. Returns the records re-dispatched.
+        """
+        length = commitlog.length
+        with self._lock:
+            for key in list(self._units):
+                if key not in expected:
+                    self.drop(*key)
+            behind: dict[tuple[str, int], int] = {}
+            scan_from = length
+            for key, want in expected.items():
+                self.truncate(key[0], key[1], want)
+                have = self._units.get(key, 0)
+                # A unit must point inside the CommitLog; a stale tail from before a truncation
+                # of the CommitLog is cut here.
+                while have > 0:
+                    last = self.read(key[0], key[1], have - 1, 1)[0]
+                    if last.commitlog_offset + last.size <= length:
+                        break
+                    have -= 1
+                    self.truncate(key[0], key[1], have)
+                if have < want:
+                    behind[key] = have
+                    if have == 0:
+                        scan_from = commitlog.min_offset
+                    else:
+                        last = self.read(key[0], key[1], have - 1, 1)[0]
+                        scan_from = min(scan_from, last.commitlog_offset + last.size)
+            if not behind:
+                return 0
+            log.info("rebuilding %d ConsumeQueues from CommitLog offset %d", len(behind), scan_from)
+            count = 0
+            pending: dict[tuple[str, int], list[bytes]] = {}
+            for phys, data in commitlog.iter_records(scan_from, length):
+                msg = record.decode(data)
+                key = (msg.topic, msg.queue_id)
+                if key not in behind:
+                    continue
+                if msg.queue_offset != behind[key]:
+                    continue
+                units = pending.setdefault(key, [])
+                units.append(UNIT.pack(phys, msg.size, msg.tags_code))
+                behind[key] += 1
+                count += 1
+            for key, units in pending.items():
+                self.append(key[0], key[1], self._units.get(key, 0), b"".join(units))
+            for key, want in expected.items():
+                if self._units.get(key, 0) != want:
+                    raise ValueError(
+                        f"ConsumeQueue {key[0]}/{key[1]} rebuilt to {self._units.get(key, 0)} units, expected {want}"
+                    )
+            return count
+
+
+def pack_units(units: Iterable[tuple[int, int, int]]) -> bytes:
+    return b"".join(UNIT.pack(p, s, t) for p, s, t in units)

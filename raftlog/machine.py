@@ -1,0 +1,215 @@
+"""The Raft state machine: a pysyncobj ``SyncObj`` whose state is a :class:`Store`.
+
+pysyncobj calls :meth:`ReplicatedLog._apply_cmd` on its own thread, in log order, on every
+node. Snapshots are thin (see :mod:`raftlog.store`); with a custom serializer pysyncobj calls
+``serializer(path, (entry_S, entry_S-1, cluster))`` on the same thread as apply, so the store's
+state is exactly that at index S, and ``deserializer(path)`` must give the three back.
+
+Facts this relies on (pysyncobj 0.3.17):
+
+* on restart pysyncobj loads the snapshot, then re-applies the journal after it: the store is
+  made exactly the snapshot's state first (CommitLog truncated to its length), and with no
+  snapshot the store is emptied before ``SyncObj`` starts, since the whole journal replays;
+* a received snapshot is not checked by pysyncobj: ours carries its own length and hash;
+* an exception in the deserializer at start leaves the node wedged: we exit instead;
+* the journal is written through mmap without fsync; ``flush="sync"`` adds an msync per entry.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pysyncobj.syncobj as _syncobj_module
+from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj.journal import FileJournal, createJournal
+from pysyncobj.monotonic import monotonic as _pso_monotonic
+from pysyncobj.tcp_connection import CONNECTION_STATE  # noqa: F401  (documented dependency)
+from pysyncobj.transport import TCPNode
+
+from raftlog import catchup
+from raftlog.config import RaftConfig
+from raftlog.errors import StoreCorruption
+from raftlog.store import Store, decode_entry, encode_entry
+
+log = logging.getLogger(__name__)
+
+EXIT_STORE_FAULT = 70
+
+
+class _SyncedJournal(FileJournal):  # type: ignore[misc]
+    """A file journal that msyncs every entry before pysyncobj acknowledges it."""
+
+    def add(self, command: bytes, idx: int, term: int) -> None:
+        super().add(command, idx, term)
+        self.flush()
+
+
+def _create_journal(path: str | None, synced: bool) -> Any:
+    if path is not None and synced:
+        return _SyncedJournal(path)
+    return createJournal(path)
+
+
+def _fatal(message: str) -> None:
+    log.critical("%s: exiting so the node restarts from its files", message)
+    logging.shutdown()
+    os._exit(EXIT_STORE_FAULT)
+
+
+def _addr(hostport: str) -> tuple[str, int]:
+    host, _, port = hostport.rpartition(":")
+    return host, int(port)
+
+
+class ReplicatedLog(SyncObj):  # type: ignore[misc]
+    def __init__(
+        self,
+        config: RaftConfig,
+        store: Store,
+        *,
+        on_state_changed: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self._cfg = config
+        self._store = store
+        self._started = False
+        raft_dir = Path(config.data_dir) / "raft"
+        raft_dir.mkdir(parents=True, exist_ok=True)
+        self._dump_path = str(raft_dir / "snapshot")
+        journal_path = str(raft_dir / "journal")
+        if not os.path.exists(self._dump_path):
+            # No snapshot: pysyncobj will replay the journal from its first entry.
+            store.reset()
+        conf = SyncObjConf(
+            journalFile=journal_path,
+            fullDumpFile=self._dump_path,
+            serializer=self._serialize,
+            deserializer=self._deserialize,
+            appendEntriesPeriod=config.append_entries_period_ms / 1000,
+            appendEntriesUseBatch=config.append_entries_use_batch,
+            raftMinTimeout=config.raft_min_timeout_ms / 1000,
+            raftMaxTimeout=config.raft_max_timeout_ms / 1000,
+            connectionTimeout=config.connection_timeout_ms / 1000,
+            connectionRetryTime=config.connection_retry_ms / 1000,
+            leaderFallbackTimeout=config.leader_fallback_timeout_ms / 1000,
+            logCompactionMinEntries=config.log_compaction_min_entries,
+            logCompactionMinTime=config.log_compaction_min_time_s,
+            commandsQueueSize=100_000,
+            dynamicMembershipChange=True,
+            onStateChanged=on_state_changed,
+        )
+        synced = config.flush == "sync"
+        # pysyncobj builds its journal through this module-level name; a synced journal is
+        # the only way to have entries durable before they are acknowledged.
+        original = _syncobj_module.createJournal
+        _syncobj_module.createJournal = lambda path: _create_journal(path, synced)
+        try:
+            super().__init__(config.raft_address, [p.raft for p in config.peers], conf)
+        finally:
+            _syncobj_module.createJournal = original
+
+    # ------------------------------------------------------------------ apply
+
+    @replicated
+    def _apply_cmd(self, data: bytes) -> Any:
+        try:
+            return self._store.apply(data, self.raftLastApplied + 1)
+        except Exception as exc:  # a failed apply would leave this replica diverged
+            log.exception("apply failed at index %d", self.raftLastApplied + 1)
+            _fatal(f"apply failed: {exc}")
+
+    # ------------------------------------------------------------------ snapshots
+
+    def _serialize(self, path: str, data: tuple[Any, Any, Any]) -> None:
+        entry_s, entry_s1, cluster = data
+        self._store.applied_index = entry_s[1]
+        raft = {
+            "s": encode_entry(entry_s),
+            "s1": encode_entry(entry_s1),
+            "cluster": sorted(node.id for node in cluster),
+        }
+        blob = self._store.snapshot(raft)
+        with open(path, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _deserialize(self, path: str) -> tuple[Any, Any, Any]:
+        starting = not self._started
+        self._started = True
+        try:
+            with open(path, "rb") as f:
+                snap = Store.parse_snapshot(f.read())
+        except (OSError, StoreCorruption) as exc:
+            if starting:
+                _fatal(f"the local snapshot {path} cannot be read ({exc})")
+            log.error("rejecting a received snapshot: %s", exc)
+            raise
+        try:
+            self._store.restore(snap, self._fetch)
+        except Exception as exc:
+            log.exception("restoring snapshot at index %s failed", snap.get("index"))
+            _fatal(f"restoring a snapshot failed: {exc}")
+        if not starting:
+            # The fetch may have taken longer than an election timeout; without this the node
+            # would start an election the moment it returns.
+            self._SyncObj__raftElectionDeadline = _pso_monotonic() + self._cfg.raft_max_timeout_ms / 1000
+        raft = snap["raft"]
+        assert isinstance(raft, dict)
+        cluster = [TCPNode(n) for n in raft["cluster"]]
+        log.info("restored snapshot at index %s, CommitLog %s bytes", snap["index"], snap["length"])
+        return decode_entry(raft["s"]), decode_entry(raft["s1"]), cluster
+
+    def _fetch(self, start: int, end: int) -> None:
+        commitlog = self._store.commitlog
+
+        def peers() -> list[tuple[str, int]]:
+            leader = self._getLeader()
+            leader_id = getattr(leader, "id", None)
+            ordered = sorted(self._cfg.peers, key=lambda p: p.raft != leader_id)
+            return [_addr(p.fetch) for p in ordered]
+
+        catchup.fetch_range(
+            peers,
+            start,
+            end,
+            commitlog.write_raw,
+            lambda: commitlog.length,
+            deadline_s=self._cfg.catchup_deadline_s,
+        )
+
+    def mark_started(self) -> None:
+        self._started = True
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> dict[str, Any]:
+        st = self.getStatus()
+        leader = st.get("leader")
+        state = st.get("state")
+        return {
+            "role": {0: "follower", 1: "candidate", 2: "leader"}.get(state, str(state)),
+            "leader": getattr(leader, "id", None),
+            "term": st.get("raft_term", 0),
+            "commit_index": st.get("commit_idx", 0),
+            "applied_index": st.get("last_applied", 0),
+            "has_quorum": bool(st.get("has_quorum")),
+            "log_len": st.get("log_len", 0),
+            "match_index": {
+                k[len("match_idx_server_") :]: v for k, v in st.items() if k.startswith("match_idx_server_")
+            },
+            "peers_connected": {
+                k[len("partner_node_status_server_") :]: v == 2
+                for k, v in st.items()
+                if k.startswith("partner_node_status_server_")
+            },
+            "uptime_s": st.get("uptime", 0),
+        }
+
+
+def monotonic_ms() -> float:
+    return time.monotonic() * 1000

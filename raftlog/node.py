@@ -1,0 +1,315 @@
+"""One node's replicated log: the facade the broker uses.
+
+:class:`RaftLog` owns the :class:`Store`, the Raft machine, the catch-up server, the group
+committer and the leadership watch. On the leader, :meth:`RaftLog.append` validates messages,
+decides everything that must not be decided by apply (message id, store time, queue), encodes
+the records and queues them for group commit.
+
+Leadership is *confirmed*, not assumed: after pysyncobj says this node leads, a barrier command
+must commit in the current term before listeners hear ``leader=True`` (so every earlier entry is
+applied here), and a leader that has committed nothing for ``leader_lease_ms`` is reported as
+lost: pysyncobj alone would keep believing it leads for ``leaderFallbackTimeout``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from raftlog import command as cmdcodec
+from raftlog import record
+from raftlog.catchup import CatchupServer
+from raftlog.clock import Clock, SystemClock
+from raftlog.committer import GroupCommitter, PendingBatch
+from raftlog.config import RaftConfig
+from raftlog.consumequeue import tags_hash
+from raftlog.errors import InvalidInput, MessageTooLarge, NotLeader, UnknownQueue, UnknownTopic
+from raftlog.machine import ReplicatedLog, _addr
+from raftlog.store import ApplyResult, BatchOutcome, Store
+
+log = logging.getLogger(__name__)
+
+LeaderListener = Callable[[bool, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A message to append, as the caller gives it."""
+
+    topic: str
+    body: bytes
+    queue_id: int | None = None
+    properties: Mapping[str, str] = field(default_factory=dict)
+    flag: int = 0
+    sys_flag: int = 0
+    born_ms: int = 0
+    reconsume_times: int = 0
+    tags_code: int | None = None
+    msg_id: bytes | None = None  # kept when a delayed message is delivered
+
+
+class RaftLog:
+    def __init__(self, config: RaftConfig, *, clock: Clock | None = None, auto_create_topics: bool = True) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.auto_create_topics = auto_create_topics
+        self.store = Store(
+            config.data_dir,
+            segment_bytes=config.commitlog_segment_bytes,
+            flush=config.flush,
+            idempotency_window=config.idempotency_window,
+        )
+        self._ids = record.MessageIdSource()
+        self._rr: dict[str, itertools.count[int]] = {}
+        self._listeners: list[LeaderListener] = []
+        self._leader_term: int | None = None
+        self._barrier_inflight = False
+        self._last_ok = 0.0
+        self._stop = threading.Event()
+        host, port = _addr(config.fetch_address)
+        self.catchup = CatchupServer(host, port, self.store.commitlog, lambda: self.store.applied_length)
+        self.machine = ReplicatedLog(config, self.store)
+        self.machine.addOnTickCallback(self._first_tick)
+        self.catchup.start()
+        self.committer = GroupCommitter(
+            lambda data, cb: self.machine._apply_cmd(data, callback=cb),
+            max_messages=config.batch_max_messages,
+            max_bytes=config.batch_max_bytes,
+            max_inflight=config.max_inflight_commands,
+            max_pending_messages=config.max_pending_messages,
+            commit_timeout_ms=config.commit_timeout_ms,
+            now_ms=self.clock.now_ms,
+        )
+        self._watch = threading.Thread(target=self._watch_leadership, name="leadership", daemon=True)
+        self._watch.start()
+
+    def _first_tick(self) -> None:
+        # Runs on every tick; cheap. (Removing itself here would deadlock: pysyncobj holds
+        # its callback lock while calling.)
+        self.machine.mark_started()
+
+    # ------------------------------------------------------------------ leadership
+
+    @property
+    def is_leader(self) -> bool:
+        """True once leadership is confirmed by a commit in the current term."""
+        return self._leader_term is not None
+
+    @property
+    def leader_term(self) -> int | None:
+        return self._leader_term
+
+    def leader_address(self) -> str | None:
+        leader = self.machine._getLeader()
+        return getattr(leader, "id", None)
+
+    def add_leader_listener(self, listener: LeaderListener) -> None:
+        """``listener(is_leader, term)`` runs on the leadership thread on every change."""
+        self._listeners.append(listener)
+
+    def _fire(self, leader: bool, term: int) -> None:
+        log.info("leadership %s in term %d", "confirmed" if leader else "lost", term)
+        for listener in list(self._listeners):
+            try:
+                listener(leader, term)
+            except Exception:
+                log.exception("leader listener failed")
+
+    def _barrier(self, term: int) -> None:
+        self._barrier_inflight = True
+        data = cmdcodec.encode(cmdcodec.Command(cmdcodec.Kind.BARRIER, self.clock.now_ms()))
+
+        def done(res: Any, err: int) -> None:
+            self._barrier_inflight = False
+            if err == 0 and self.machine.raftCurrentTerm == term:
+                self._last_ok = time.monotonic()
+                if self._leader_term is None and self.machine._isLeader():
+                    self._leader_term = term
+                    self._fire(True, term)
+
+        try:
+            self.machine._apply_cmd(data, callback=done)
+        except Exception:
+            self._barrier_inflight = False
+            log.exception("proposing a barrier failed")
+
+    def _watch_leadership(self) -> None:
+        lease_s = self.config.leader_lease_ms / 1000
+        barrier_sent = 0.0
+        while not self._stop.wait(0.02):
+            try:
+                leads = self.machine._isLeader()
+                term = self.machine.raftCurrentTerm
+                now = time.monotonic()
+                last_ok = max(self._last_ok, self.committer.last_commit_monotonic)
+                if self._leader_term is not None and (not leads or term != self._leader_term or now - last_ok > lease_s):
+                    lost = self._leader_term
+                    self._leader_term = None
+                    self.committer.fail_all(NotLeader("leadership lost", self.leader_address()))
+                    self._fire(False, lost)
+                if not leads:
+                    continue
+                # Confirm a new term, and keep the lease alive when nothing else commits.
+                stale = now - last_ok > lease_s / 3
+                if (self._leader_term is None or stale) and (not self._barrier_inflight or now - barrier_sent > lease_s):
+                    barrier_sent = now
+                    self._barrier(term)
+            except Exception:
+                log.exception("leadership watch failed")
+
+    def wait_leader(self, timeout_s: float) -> bool:
+        """Block until this node has confirmed leadership (for tests and benchmarks)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.is_leader:
+                return True
+            self._stop.wait(0.01)
+        return False
+
+    # ------------------------------------------------------------------ writes
+
+    def _check_leader(self) -> None:
+        if not self.is_leader:
+            raise NotLeader("this node is not the leader", self.leader_address())
+
+    def prepare(
+        self, messages: Sequence[NewMessage], store_ms: int | None = None
+    ) -> tuple[list[str], list[tuple[int, int, int]], bytes, dict[str, int]]:
+        """Validate and encode ``messages``: decide ids, store time and queues."""
+        topics: list[str] = []
+        tindex: dict[str, int] = {}
+        metas: list[tuple[int, int, int]] = []
+        creates: dict[str, int] = {}
+        parts: list[bytes | bytearray] = []
+        store_ms = self.clock.now_ms() if store_ms is None else store_ms
+        max_bytes = self.config.max_message_bytes
+        max_record = self.store.commitlog.segment_bytes - record.BLANK_SIZE
+        for i, m in enumerate(messages):
+            record.validate_topic(m.topic, f"messages[{i}].topic")
+            n = self.store.queue_count(m.topic) or creates.get(m.topic)
+            if n is None:
+                if not self.auto_create_topics:
+                    raise UnknownTopic(f"topic {m.topic} does not exist", "topic")
+                n = creates[m.topic] = self.config.default_topic_queues
+            if m.queue_id is None:
+                rr = self._rr.get(m.topic)
+                if rr is None:
+                    rr = self._rr[m.topic] = itertools.count()
+                qid = next(rr) % n
+            else:
+                qid = m.queue_id
+                if not 0 <= qid < n:
+                    raise UnknownQueue(f"topic {m.topic} has queues 0..{n - 1}, not {qid}", f"messages[{i}].queue")
+            props = dict(m.properties)
+            tags_code = m.tags_code if m.tags_code is not None else tags_hash(props.get(record.PROPERTY_TAGS))
+            try:
+                rec = record.encode(
+                    topic=m.topic,
+                    queue_id=qid,
+                    msg_id=m.msg_id or self._ids.next_id(store_ms),
+                    body=m.body,
+                    properties=props,
+                    flag=m.flag,
+                    sys_flag=m.sys_flag,
+                    born_ms=m.born_ms or store_ms,
+                    store_ms=store_ms,
+                    reconsume_times=m.reconsume_times,
+                    tags_code=tags_code,
+                    max_message_bytes=max_bytes,
+                )
+            except InvalidInput as exc:
+                raise type(exc)(str(exc), f"messages[{i}].{exc.field}" if exc.field else None) from None
+            if len(rec) > max_record:
+                # Apply could not place it, on any node.
+                raise MessageTooLarge(
+                    f"message record is {len(rec)} bytes, more than a CommitLog segment holds ({max_record})",
+                    f"messages[{i}].body",
+                )
+            t = tindex.get(m.topic)
+            if t is None:
+                t = tindex[m.topic] = len(topics)
+                topics.append(m.topic)
+            metas.append((t, qid, len(rec)))
+            parts.append(rec)
+        return topics, metas, b"".join(parts), creates
+
+    def append(
+        self,
+        messages: Sequence[NewMessage],
+        *,
+        key: str | None = None,
+        expect: Mapping[str, cmdcodec.Scalar] | None = None,
+        updates: Mapping[str, cmdcodec.Scalar] | None = None,
+        creates: Mapping[str, int] | None = None,
+        store_ms: int | None = None,
+    ) -> Future[BatchOutcome]:
+        """Append messages (and state updates) atomically; the future resolves on commit.
+
+        ``key`` makes the batch idempotent: a batch whose key was applied before is not applied
+        again and resolves to the first outcome (``duplicate=True``).
+        """
+        self._check_leader()
+        topics, metas, blob, auto = self.prepare(messages, store_ms)
+        all_creates = {**auto, **(creates or {})}
+        batch = PendingBatch(
+            key=key or uuid.uuid4().hex,
+            topics=topics,
+            messages=metas,
+            blob=blob,
+            expect=expect,
+            updates=updates,
+            creates=all_creates or None,
+        )
+        return self.committer.submit(batch)
+
+    def update(
+        self,
+        updates: Mapping[str, cmdcodec.Scalar],
+        *,
+        expect: Mapping[str, cmdcodec.Scalar] | None = None,
+        key: str | None = None,
+    ) -> Future[BatchOutcome]:
+        return self.append((), key=key, expect=expect, updates=updates)
+
+    def create_topic(self, topic: str, queues: int) -> Future[BatchOutcome]:
+        record.validate_topic(topic)
+        if not 1 <= queues <= 1024:
+            raise InvalidInput("queues must be between 1 and 1024", "queues")
+        return self.append((), creates={topic: queues})
+
+    # ------------------------------------------------------------------ reads
+
+    def add_apply_listener(self, listener: Callable[[ApplyResult], None]) -> None:
+        """``listener(result)`` runs on the Raft thread after every applied command."""
+        self.store.listeners.append(listener)
+
+    def read(self, topic: str, queue_id: int, offset: int, max_messages: int) -> list[record.Message]:
+        return self.store.read_messages(topic, queue_id, offset, max_messages)
+
+    def status(self) -> dict[str, Any]:
+        st = self.machine.status()
+        st.update(
+            confirmed_leader=self.is_leader,
+            digest=self.store.digest(),
+            queued_messages=self.committer.queued_messages,
+            inflight_commands=self.committer.inflight_commands,
+        )
+        return st
+
+    def digest(self) -> dict[str, object]:
+        return self.store.digest()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._watch.join(timeout=2)
+        self.committer.close()
+        self.catchup.close()
+        self.machine.destroy()
+        self.store.close()

@@ -1,0 +1,393 @@
+"""The replicated store: CommitLog, ConsumeQueues and the small replicated tables.
+
+:meth:`Store.apply` is the state machine's transition. It is deterministic: the same command
+sequence gives byte-identical CommitLogs and equal tables on every node. It knows nothing of
+Raft; :mod:`raftlog.machine` feeds it committed commands.
+
+The snapshot (:meth:`Store.snapshot`) is *thin*: the CommitLog length and digest, the tables,
+and a digest of the last 64 KiB, never the CommitLog itself. A node restoring one truncates its
+CommitLog to that length or fetches the missing bytes from a peer (:meth:`Store.restore`).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import logging
+import os
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from raftlog import command as cmdcodec
+from raftlog import record
+from raftlog.commitlog import CommitLog
+from raftlog.consumequeue import UNIT, ConsumeQueueStore, CqUnit
+from raftlog.errors import StoreCorruption
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_MAGIC = b"CMQSNAP1"
+_SNAP_HEAD = struct.Struct(">8sQ32s")
+TAIL_DIGEST_BYTES = 64 * 1024
+DEFAULT_IDEMPOTENCY_WINDOW = 20_000
+
+# Outcome status of a batch.
+OK = 0
+CONDITION_FAILED = 1
+BAD_QUEUE = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """Where one message was stored."""
+
+    msg_id: bytes
+    topic: str
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOutcome:
+    key: str
+    status: int
+    placed: tuple[Placed, ...] = ()
+    duplicate: bool = False
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    index: int
+    kind: cmdcodec.Kind
+    propose_ms: int
+    outcomes: tuple[BatchOutcome, ...]
+    bytes_written: int
+    messages: int
+
+
+class Store:
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        segment_bytes: int,
+        flush: str = "async",
+        idempotency_window: int = DEFAULT_IDEMPOTENCY_WINDOW,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.commitlog = CommitLog(self.data_dir / "commitlog", segment_bytes=segment_bytes, flush=flush)
+        self.cqs = ConsumeQueueStore(self.data_dir / "consumequeue")
+        self.idempotency_window = idempotency_window
+        self.flush = flush
+        # Replicated tables. Written only by apply/restore (the Raft thread); read anywhere.
+        self.topics: dict[str, list[int]] = {}  # topic -> next queue offset per queue
+        self.kv: dict[str, int | str] = {}
+        self.idem: OrderedDict[str, tuple[int, int, int]] = OrderedDict()  # key -> (phys, n, status)
+        self.chain = bytes(16)
+        self.applied_index = 0
+        self.applied_length = 0
+        self._lock = threading.Lock()
+        self.listeners: list[Callable[[ApplyResult], None]] = []
+
+    # ------------------------------------------------------------------ queries
+
+    def digest(self) -> dict[str, object]:
+        """What replicas compare: equal ``length`` and ``chain`` mean equal CommitLog bytes."""
+        return {"index": self.applied_index, "length": self.applied_length, "chain": self.chain.hex()}
+
+    def queue_count(self, topic: str) -> int | None:
+        queues = self.topics.get(topic)
+        return None if queues is None else len(queues)
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        queues = self.topics.get(topic)
+        if queues is None or queue_id >= len(queues):
+            return 0
+        return min(queues[queue_id], self.cqs.max_offset(topic, queue_id))
+
+    def read_units(self, topic: str, queue_id: int, offset: int, max_units: int) -> list[CqUnit]:
+        end = self.max_offset(topic, queue_id)
+        max_units = min(max_units, end - offset)
+        if max_units <= 0:
+            return []
+        return self.cqs.read(topic, queue_id, offset, max_units)
+
+    def read_messages(self, topic: str, queue_id: int, offset: int, max_units: int) -> list[record.Message]:
+        return [self.commitlog.read_message(u.commitlog_offset, u.size) for u in self.read_units(topic, queue_id, offset, max_units)]
+
+    # ------------------------------------------------------------------ apply
+
+    def apply(self, data: bytes, index: int) -> ApplyResult:
+        """Apply the committed command ``data`` at Raft index ``index``."""
+        cmd = cmdcodec.decode(data)
+        if cmd.kind is cmdcodec.Kind.BARRIER:
+            self.applied_index = index
+            result = ApplyResult(index, cmd.kind, cmd.propose_ms, (), 0, 0)
+            self._notify(result)
+            return result
+        topics = cmd.topics
+        messages = cmd.messages
+        blob = cmd.blob
+        outcomes: list[BatchOutcome | None] = []
+        keep: list[tuple[int, int]] = []  # byte ranges of accepted records in blob
+        sizes: list[int] = []
+        qoffs: list[int] = []
+        cq_keys: list[tuple[str, int]] = []
+        pending_idem: list[tuple[int, str, int, int]] = []  # (outcome idx, key, first msg, count)
+        seen_now: dict[str, int] = {}  # key -> index of its first outcome in this command
+        repeats: list[tuple[int, int]] = []  # (outcome idx, outcome idx of the first occurrence)
+        msg_at = 0
+        byte_at = 0
+        for batch in cmd.batches:
+            span = messages[msg_at : msg_at + batch.count]
+            span_bytes = sum(m[2] for m in span)
+            start_byte = byte_at
+            msg_at += batch.count
+            byte_at += span_bytes
+            if batch.key in seen_now:
+                # Repeated inside this command: its first occurrence is not remembered yet.
+                repeats.append((len(outcomes), seen_now[batch.key]))
+                outcomes.append(None)
+                continue
+            if batch.key in self.idem:
+                outcomes.append(self._replay(batch.key))
+                continue
+            seen_now[batch.key] = len(outcomes)
+            failed = self._check_expect(batch.expect)
+            if failed is not None:
+                outcomes.append(BatchOutcome(batch.key, CONDITION_FAILED, detail=failed))
+                self._remember(batch.key, (0, 0, CONDITION_FAILED))
+                continue
+            creates = batch.creates or {}
+            bad = next(
+                (m for m in span if m[1] >= self._queue_count(topics[m[0]], creates)),
+                None,
+            )
+            if bad is not None:
+                detail = f"topic {topics[bad[0]]} has no queue {bad[1]}"
+                outcomes.append(BatchOutcome(batch.key, BAD_QUEUE, detail=detail))
+                self._remember(batch.key, (0, 0, BAD_QUEUE))
+                continue
+            for topic, n in creates.items():
+                if topic not in self.topics:
+                    self.topics[topic] = [0] * int(n)
+            if batch.updates:
+                for k, v in batch.updates.items():
+                    if v is None:
+                        self.kv.pop(k, None)
+                    else:
+                        self.kv[k] = v
+            for tidx, qid, size in span:
+                queues = self.topics[topics[tidx]]
+                qoffs.append(queues[qid])
+                queues[qid] += 1
+                sizes.append(size)
+                cq_keys.append((topics[tidx], qid))
+            keep.append((start_byte, start_byte + span_bytes))
+            pending_idem.append((len(outcomes), batch.key, len(sizes) - len(span), len(span)))
+            outcomes.append(None)
+        buf = bytearray(blob) if len(keep) == 1 and keep[0] == (0, len(blob)) else bytearray(b"".join(blob[a:b] for a, b in keep))
+        start_len = self.commitlog.length
+        phys = self.commitlog.append_records(buf, sizes, qoffs) if sizes else []
+        end_len = self.commitlog.length
+        # ConsumeQueue units, one write per queue.
+        if sizes:
+            grouped: dict[tuple[str, int], list[bytes]] = {}
+            first: dict[tuple[str, int], int] = {}
+            at = 0
+            for i, key in enumerate(cq_keys):
+                tags_code = record.tags_code_at(buf, at)
+                grouped.setdefault(key, []).append(UNIT.pack(phys[i], sizes[i], tags_code))
+                first.setdefault(key, qoffs[i])
+                at += sizes[i]
+            for key, units in grouped.items():
+                self.cqs.append(key[0], key[1], first[key], b"".join(units))
+        # Outcomes of accepted batches, and their idempotency entries.
+        buf_at = [0]
+        for s in sizes[:-1]:
+            buf_at.append(buf_at[-1] + s)
+        for out_idx, key, first_i, count in pending_idem:
+            placed = tuple(
+                Placed(
+                    record.msg_id_at(buf, buf_at[i]),
+                    cq_keys[i][0],
+                    cq_keys[i][1],
+                    qoffs[i],
+                    phys[i],
+                    sizes[i],
+                )
+                for i in range(first_i, first_i + count)
+            )
+            outcomes[out_idx] = BatchOutcome(key, OK, placed)
+            self._remember(key, (phys[first_i] if count else 0, count, OK))
+        for out_idx, first_idx in repeats:
+            original = outcomes[first_idx]
+            assert original is not None
+            outcomes[out_idx] = dataclasses.replace(original, duplicate=True)
+        if end_len > start_len:
+            h = hashlib.blake2b(self.chain, digest_size=16)
+            h.update(buf)
+            h.update(struct.pack(">QQ", start_len, end_len))
+            self.chain = h.digest()
+        self.applied_length = end_len
+        self.applied_index = index
+        result = ApplyResult(index, cmd.kind, cmd.propose_ms, tuple(o for o in outcomes if o is not None), end_len - start_len, len(sizes))
+        self._notify(result)
+        return result
+
+    def _notify(self, result: ApplyResult) -> None:
+        for listener in self.listeners:
+            try:
+                listener(result)
+            except Exception:  # a listener must never break apply
+                log.exception("apply listener failed")
+
+    def _queue_count(self, topic: str, creates: Mapping[str, int]) -> int:
+        """Queues of ``topic``, counting a creation the batch carries (applied only if it is accepted)."""
+        queues = self.topics.get(topic)
+        return len(queues) if queues is not None else int(creates.get(topic, 0))
+
+    def _check_expect(self, expect: Mapping[str, cmdcodec.Scalar] | None) -> str | None:
+        if not expect:
+            return None
+        for k, want in expect.items():
+            have = self.kv.get(k)
+            if have != want:
+                return f"{k} is {have!r}, expected {want!r}"
+        return None
+
+    def _remember(self, key: str, entry: tuple[int, int, int]) -> None:
+        self.idem[key] = entry
+        while len(self.idem) > self.idempotency_window:
+            self.idem.popitem(last=False)
+
+    def _replay(self, key: str) -> BatchOutcome:
+        """The outcome of a batch applied before, rebuilt from the CommitLog."""
+        phys, count, status = self.idem.get(key, (0, 0, OK))
+        if status != OK or count == 0:
+            return BatchOutcome(key, status, duplicate=True, detail="repeated request")
+        placed: list[Placed] = []
+        for at, data in self.commitlog.iter_records(phys):
+            msg = record.decode(data)
+            placed.append(Placed(msg.msg_id, msg.topic, msg.queue_id, msg.queue_offset, at, msg.size))
+            if len(placed) == count:
+                break
+        return BatchOutcome(key, OK, tuple(placed), duplicate=True)
+
+    # ------------------------------------------------------------------ snapshot
+
+    def snapshot(self, raft: Mapping[str, object]) -> bytes:
+        """The thin snapshot file's bytes; ``raft`` holds what pysyncobj needs back."""
+        if self.flush == "sync":
+            self.commitlog.sync()
+            self.cqs.sync()
+        length = self.applied_length
+        tail_from = max(0, length - TAIL_DIGEST_BYTES)
+        payload = orjson.dumps(
+            {
+                "v": 1,
+                "index": self.applied_index,
+                "length": length,
+                "chain": self.chain.hex(),
+                "segment_bytes": self.commitlog.segment_bytes,
+                "topics": self.topics,
+                "kv": self.kv,
+                "idem": [[k, *v] for k, v in self.idem.items()],
+                "tail_from": tail_from,
+                "tail_digest": self._range_digest(tail_from, length),
+                "raft": raft,
+            }
+        )
+        return _SNAP_HEAD.pack(SNAPSHOT_MAGIC, len(payload), hashlib.sha256(payload).digest()) + payload
+
+    def _range_digest(self, start: int, end: int) -> str:
+        h = hashlib.sha256()
+        for fd, off, n in self.commitlog.ranges(start, end):
+            h.update(os.pread(fd, n, off))
+        return h.hexdigest()
+
+    @staticmethod
+    def parse_snapshot(data: bytes) -> dict[str, object]:
+        """Check a snapshot's magic, length and hash; return its payload."""
+        if len(data) < _SNAP_HEAD.size:
+            raise StoreCorruption(f"snapshot is {len(data)} bytes, shorter than its header")
+        magic, length, digest = _SNAP_HEAD.unpack_from(data, 0)
+        if magic != SNAPSHOT_MAGIC:
+            raise StoreCorruption("snapshot has a bad magic")
+        payload = data[_SNAP_HEAD.size :]
+        if len(payload) != length:
+            raise StoreCorruption(f"snapshot payload is {len(payload)} bytes, its header says {length}")
+        if hashlib.sha256(payload).digest() != digest:
+            raise StoreCorruption("snapshot fails its hash")
+        snap = orjson.loads(payload)
+        if snap.get("v") != 1:
+            raise StoreCorruption(f"snapshot version {snap.get('v')} is not supported")
+        return snap
+
+    def restore(self, snap: Mapping[str, object], fetch: Callable[[int, int], None]) -> None:
+        """Make this store exactly the snapshot's state.
+
+        The CommitLog is truncated to the snapshot's length, or the missing bytes are
+        fetched by ``fetch(start, end)`` (which appends them). Then the tail digest is
+        checked and ConsumeQueues are cut or rebuilt to match.
+        """
+        length = int(snap["length"])  # type: ignore[call-overload]
+        if snap["segment_bytes"] != self.commitlog.segment_bytes:
+            raise StoreCorruption(
+                f"snapshot was taken with commitlog_segment_bytes={snap['segment_bytes']}, "
+                f"this node has {self.commitlog.segment_bytes}: the setting must be equal on all nodes"
+            )
+        have = self.commitlog.length
+        if have > length:
+            self.commitlog.truncate(length)
+        elif have < length:
+            log.info("CommitLog is %d bytes, snapshot needs %d: fetching the rest from a peer", have, length)
+            fetch(have, length)
+            if self.commitlog.length != length:
+                raise StoreCorruption(f"fetched CommitLog ends at {self.commitlog.length}, expected {length}")
+        tail_from = int(snap["tail_from"])  # type: ignore[call-overload]
+        if self._range_digest(tail_from, length) != snap["tail_digest"]:
+            raise StoreCorruption("the CommitLog's last 64 KiB differ from the snapshot's: replica diverged")
+        topics = {t: list(q) for t, q in snap["topics"].items()}  # type: ignore[union-attr]
+        expected = {(t, i): n for t, qs in topics.items() for i, n in enumerate(qs)}
+        self.cqs.repair(self.commitlog, expected)
+        self.topics = topics
+        self.kv = dict(snap["kv"])  # type: ignore[call-overload]
+        self.idem = OrderedDict((k, (p, n, s)) for k, p, n, s in snap["idem"])  # type: ignore[union-attr]
+        self.chain = bytes.fromhex(str(snap["chain"]))
+        self.applied_index = int(snap["index"])  # type: ignore[call-overload]
+        self.applied_length = length
+
+    def reset(self) -> None:
+        """Empty state: used before pysyncobj replays a journal from its start."""
+        self.commitlog.truncate(0)
+        self.cqs.repair(self.commitlog, {})
+        self.topics = {}
+        self.kv = {}
+        self.idem = OrderedDict()
+        self.chain = bytes(16)
+        self.applied_index = 0
+        self.applied_length = 0
+
+    def close(self) -> None:
+        self.cqs.close()
+        self.commitlog.close()
+
+
+def encode_entry(entry: tuple[bytes, int, int]) -> list[object]:
+    return [base64.b64encode(entry[0]).decode(), entry[1], entry[2]]
+
+
+def decode_entry(data: Iterable[object]) -> tuple[bytes, int, int]:
+    cmd, idx, term = data
+    return base64.b64decode(str(cmd)), int(idx), int(term)  # type: ignore[call-overload]
