@@ -76,6 +76,14 @@ class CommitLog:
 
     def _open_segments(self) -> None:
         names = sorted(p for p in self.directory.iterdir() if p.name.isdigit() and len(p.name) == 20)
+        # Check every name before removing anything below: with a changed segment_bytes the
+        # first segment looks partial and the rest would be taken for leftovers.
+        for path in names:
+            if int(path.name) % self.segment_bytes:
+                raise StoreCorruption(
+                    f"CommitLog segment {path.name} does not start on a segment boundary of "
+                    f"{self.segment_bytes} bytes: was segment_bytes changed?"
+                )
         expected = 0
         for path in names:
             base = int(path.name)

@@ -32,7 +32,9 @@ class RaftConfig:
     default_topic_queues: int = 4
     # pysyncobj.
     append_entries_period_ms: int = 50
-    append_entries_use_batch: bool = True
+    append_entries_use_batch: bool = False
+    append_entries_batch_bytes: int = 4 * 1024 * 1024
+    wire_compression_level: int = 0
     raft_min_timeout_ms: int = 300
     raft_max_timeout_ms: int = 600
     connection_timeout_ms: int = 60_000

@@ -67,6 +67,9 @@ class RaftLog:
             idempotency_window=config.idempotency_window,
         )
         self._ids = record.MessageIdSource()
+        # Batch keys: unique per process start, cheap per batch (no urandom per call).
+        self._key_prefix = uuid.uuid4().hex[:16]
+        self._key_seq = itertools.count()
         self._rr: dict[str, itertools.count[int]] = {}
         self._listeners: list[LeaderListener] = []
         self._leader_term: int | None = None
@@ -259,7 +262,7 @@ class RaftLog:
         topics, metas, blob, auto = self.prepare(messages, store_ms)
         all_creates = {**auto, **(creates or {})}
         batch = PendingBatch(
-            key=key or uuid.uuid4().hex,
+            key=key or f"{self._key_prefix}-{next(self._key_seq)}",
             topics=topics,
             messages=metas,
             blob=blob,

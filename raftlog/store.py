@@ -98,6 +98,8 @@ class Store:
         self.applied_length = 0
         self._lock = threading.Lock()
         self.listeners: list[Callable[[ApplyResult], None]] = []
+        # Only the leader reads per-message results; followers skip building them.
+        self.want_results: Callable[[], bool] = lambda: True
 
     # ------------------------------------------------------------------ queries
 
@@ -216,8 +218,9 @@ class Store:
         buf_at = [0]
         for s in sizes[:-1]:
             buf_at.append(buf_at[-1] + s)
+        want = self.want_results()
         for out_idx, key, first_i, count in pending_idem:
-            placed = tuple(
+            placed = () if not want else tuple(
                 Placed(
                     record.msg_id_at(buf, buf_at[i]),
                     cq_keys[i][0],

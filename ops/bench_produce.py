@@ -1,0 +1,260 @@
+"""``chronomq bench produce``: committed-message throughput and commit latency.
+
+Starts its own cluster of real processes on loopback. By default the leader runs inside the
+benchmark process and producers call its in-process API (``RaftLog.append``), so the figures
+measure the replicated log, not HTTP; followers are separate processes. With ``--http`` every
+node is a process and producers send batches over HTTP to the leader.
+
+Two phases: as fast as possible (``--messages``), then, with ``--rate``, a steady rate for
+``--duration`` seconds whose commit latencies give the percentiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from cluster.launcher import LocalCluster, parse_sets
+from ops.stats import percentile
+
+FOLLOWER_SETTINGS = {"raft_min_timeout_ms": 1500, "raft_max_timeout_ms": 3000}
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+async def _produce_inprocess(
+    rl: Any, total: int, producers: int, batch: int, body: bytes, topic: str
+) -> tuple[float, list[float]]:
+    from raftlog.node import NewMessage
+
+    lat: list[float] = []
+    sent = 0
+    msgs = [NewMessage(topic, body) for _ in range(batch)]
+
+    async def producer() -> None:
+        nonlocal sent
+        while sent < total:
+            n = min(batch, total - sent)
+            sent += n
+            t0 = time.perf_counter()
+            await asyncio.wrap_future(rl.append(msgs[:n]))
+            lat.append((time.perf_counter() - t0) * 1000)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(producer() for _ in range(producers)))
+    return time.perf_counter() - t0, lat
+
+
+async def _steady_inprocess(
+    rl: Any, rate: int, duration_s: float, body: bytes, topic: str
+) -> tuple[int, list[float]]:
+    from raftlog.node import NewMessage
+
+    tick_s = 0.005
+    per_tick = max(1, round(rate * tick_s))
+    lat: list[float] = []
+    pending: set[asyncio.Future[Any]] = set()
+    count = 0
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    n_ticks = int(duration_s / tick_s)
+    for k in range(n_ticks):
+        target = start + k * tick_s
+        delay = target - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        t0 = time.perf_counter()
+        fut = asyncio.wrap_future(rl.append([NewMessage(topic, body)] * per_tick))
+        fut.add_done_callback(lambda f, t0=t0: lat.append((time.perf_counter() - t0) * 1000))
+        pending.add(fut)
+        fut.add_done_callback(pending.discard)
+        count += per_tick
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
+    return count, lat
+
+
+async def _produce_http(
+    urls: list[str], total: int, producers: int, batch: int, body: str, topic: str
+) -> tuple[float, list[float]]:
+    from cluster.client import Client
+
+    lat: list[float] = []
+    sent = 0
+    async with Client(urls) as client:
+        await client.produce(topic, [{"body": body}])  # find the leader, create the topic
+
+        async def producer() -> None:
+            nonlocal sent
+            while sent < total:
+                n = min(batch, total - sent)
+                sent += n
+                t0 = time.perf_counter()
+                await client.produce(topic, [{"body": body}] * n)
+                lat.append((time.perf_counter() - t0) * 1000)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(producer() for _ in range(producers)))
+        return time.perf_counter() - t0, lat
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    settings = parse_sets(args.set)
+    data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="chronomq-bench-"))
+    cluster = LocalCluster(
+        args.nodes,
+        data_dir,
+        http_port=args.http_port,
+        raft_port=args.raft_port,
+        settings=settings,
+        node_settings={i: FOLLOWER_SETTINGS for i in range(1, args.nodes)}
+        if not args.http
+        else None,
+    )
+    cluster.write_configs()
+    body = os.urandom(args.body_bytes // 2 + 1).hex()[: args.body_bytes]
+    result: dict[str, Any] = {
+        "nodes": args.nodes,
+        "mode": "http" if args.http else "in-process",
+        "messages": args.messages,
+        "body_bytes": args.body_bytes,
+        "producers": args.producers,
+        "batch": args.batch,
+        "settings": settings,
+    }
+    rl = None
+    try:
+        if args.http:
+            cluster.start()
+            cluster.wait_leader(60)
+            _progress(f"cluster of {args.nodes} up; producing {args.messages} messages over HTTP")
+            elapsed, lat = asyncio.run(
+                _produce_http(
+                    cluster.urls, args.messages, args.producers, args.batch, body, "bench"
+                )
+            )
+        else:
+            from cluster.config import load
+            from raftlog.node import RaftLog
+
+            for i in range(1, args.nodes):
+                cluster.start(i)
+            cfg = load(cluster.node_dir(0) / "node.toml", environ={})
+            rl = RaftLog(cfg.raft_config())
+            if not rl.wait_leader(60):
+                raise RuntimeError("the in-process node did not become leader")
+            _progress(
+                f"cluster of {args.nodes} up (leader in-process); producing {args.messages} messages"
+            )
+            elapsed, lat = asyncio.run(
+                _produce_inprocess(
+                    rl, args.messages, args.producers, args.batch, body.encode(), "bench"
+                )
+            )
+        lat.sort()
+        result.update(
+            messages_per_s=round(args.messages / elapsed),
+            mb_per_s=round(args.messages * args.body_bytes / elapsed / 1e6, 2),
+            seconds=round(elapsed, 3),
+            throughput_commit_latency_ms_p50=round(percentile(lat, 0.5), 2),
+            throughput_commit_latency_ms_p99=round(percentile(lat, 0.99), 2),
+        )
+        _progress(f"throughput phase: {result['messages_per_s']} msgs/s in {elapsed:.1f} s")
+        if args.rate and rl is not None:
+            _progress(f"steady phase: {args.rate} msgs/s for {args.duration} s")
+            count, slat = asyncio.run(
+                _steady_inprocess(rl, args.rate, args.duration, body.encode(), "bench")
+            )
+            slat.sort()
+            result.update(
+                rate=args.rate,
+                rate_messages=count,
+                commit_latency_ms_p50=round(percentile(slat, 0.5), 2),
+                commit_latency_ms_p99=round(percentile(slat, 0.99), 2),
+                commit_latency_ms_max=round(slat[-1], 2),
+            )
+        else:
+            result.update(
+                commit_latency_ms_p50=result["throughput_commit_latency_ms_p50"],
+                commit_latency_ms_p99=result["throughput_commit_latency_ms_p99"],
+            )
+        if rl is not None:
+            result["digest"] = rl.digest()
+    finally:
+        if rl is not None:
+            rl.close()
+        cluster.stop()
+    return result
+
+
+def main(args: argparse.Namespace) -> int:
+    result = run(args)
+    rows = [
+        (k, result[k])
+        for k in (
+            "nodes",
+            "mode",
+            "messages",
+            "body_bytes",
+            "messages_per_s",
+            "mb_per_s",
+            "commit_latency_ms_p50",
+            "commit_latency_ms_p99",
+        )
+        if k in result
+    ]
+    if "rate" in result:
+        rows.insert(6, ("steady_rate", result["rate"]))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k.ljust(width)}  {v}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "produce",
+        help="committed throughput and commit latency of the replicated log",
+        epilog="examples:\n  chronomq bench produce --nodes 3 --messages 300000 --rate 10000 --duration 20 --out produce.json\n"
+        "  chronomq bench produce --http --nodes 3 --batch 100 --messages 200000",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--nodes", type=int, choices=[1, 3, 5], default=3)
+    p.add_argument("--messages", type=int, default=200_000)
+    p.add_argument("--body-bytes", type=int, default=256)
+    p.add_argument("--producers", type=int, default=64)
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=16,
+        help="messages per append call (per HTTP request with --http)",
+    )
+    p.add_argument(
+        "--rate",
+        type=int,
+        default=0,
+        help="then send a steady rate (msgs/s) to measure commit latency",
+    )
+    p.add_argument("--duration", type=float, default=10.0, help="seconds of the steady phase")
+    p.add_argument(
+        "--http", action="store_true", help="produce over HTTP to the leader instead of in-process"
+    )
+    p.add_argument("--http-port", type=int, default=28080)
+    p.add_argument("--raft-port", type=int, default=29080)
+    p.add_argument(
+        "--data-dir", help="where the nodes keep their files (default: a new temporary directory)"
+    )
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config key for every node")
+    p.add_argument("--out", help="write the figures as JSON here")
+    p.set_defaults(func=main)

@@ -1,0 +1,60 @@
+"""Real multi-process clusters on loopback for integration tests."""
+
+from __future__ import annotations
+
+import random
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster.launcher import LocalCluster
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_base(nodes: int, rng: random.Random) -> tuple[int, int]:
+    """An HTTP base and a Raft base such that every port a cluster needs is free."""
+    for _ in range(200):
+        http = rng.randrange(20000, 30000)
+        raft = rng.randrange(31000, 40000)
+        ports = [http + i for i in range(nodes)] + [raft + i for i in range(nodes)] + [raft + 1000 + i for i in range(nodes)]
+        if all(_bindable(p) for p in ports):
+            return http, raft
+    raise RuntimeError("no free port range found")
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[Any]:
+    clusters: list[LocalCluster] = []
+    rng = random.Random()
+
+    def make(nodes: int = 3, **settings: Any) -> LocalCluster:
+        http, raft = free_port_base(nodes, rng)
+        c = LocalCluster(nodes, tmp_path / f"cluster-{len(clusters)}", http_port=http, raft_port=raft, settings=settings)
+        clusters.append(c)
+        c.start()
+        return c
+
+    yield make
+    for c in clusters:
+        c.stop()
+
+
+def dump_logs(cluster: LocalCluster) -> str:
+    out = []
+    for i in range(cluster.n):
+        log = cluster.node_dir(i) / "node.log"
+        if log.exists():
+            out.append(f"--- node {i} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-30:]))
+    return "\n".join(out)
