@@ -34,7 +34,9 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("chronomq_http_requests", "HTTP requests", ["route", "status"], registry=r)
+        self.requests = Counter(
+            "chronomq_http_requests", "HTTP requests", ["route", "status"], registry=r
+        )
         self.latency = Histogram(
             "chronomq_http_request_seconds",
             "HTTP request latency",
@@ -42,15 +44,29 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=r,
         )
-        self.produced = Counter("chronomq_messages_produced", "Messages produced through this node", registry=r)
-        self.consumed = Counter("chronomq_messages_pulled", "Messages returned by pulls", registry=r)
-        self.role = Gauge("chronomq_raft_role", "1 when this node is the confirmed leader", registry=r)
+        self.produced = Counter(
+            "chronomq_messages_produced", "Messages produced through this node", registry=r
+        )
+        self.consumed = Counter(
+            "chronomq_messages_pulled", "Messages returned by pulls", registry=r
+        )
+        self.role = Gauge(
+            "chronomq_raft_role", "1 when this node is the confirmed leader", registry=r
+        )
         self.term = Gauge("chronomq_raft_term", "Current Raft term", registry=r)
         self.commit_index = Gauge("chronomq_raft_commit_index", "Raft commit index", registry=r)
         self.applied_index = Gauge("chronomq_raft_applied_index", "Raft applied index", registry=r)
-        self.commitlog_bytes = Gauge("chronomq_commitlog_bytes", "CommitLog length in bytes", registry=r)
-        self.queued = Gauge("chronomq_group_commit_queued_messages", "Messages waiting for commit", registry=r)
-        self.inflight = Gauge("chronomq_group_commit_inflight_commands", "Commands proposed, not committed", registry=r)
+        self.commitlog_bytes = Gauge(
+            "chronomq_commitlog_bytes", "CommitLog length in bytes", registry=r
+        )
+        self.queued = Gauge(
+            "chronomq_group_commit_queued_messages", "Messages waiting for commit", registry=r
+        )
+        self.inflight = Gauge(
+            "chronomq_group_commit_inflight_commands",
+            "Commands proposed, not committed",
+            registry=r,
+        )
         self.collectors: list[Callable[[], None]] = []
 
     def refresh(self, broker: Broker) -> None:
@@ -76,8 +92,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status, "http_error")
-        message = exc.reason if exc.status != 413 else "the request body is larger than max_request_bytes"
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(
+            exc.status, "http_error"
+        )
+        message = (
+            exc.reason if exc.status != 413 else "the request body is larger than max_request_bytes"
+        )
         return ApiError(exc.status, code, message).response()
     except ConfigError as exc:
         return ApiError(400, "invalid_config", str(exc), exc.key).response()
@@ -93,7 +113,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 @web.middleware
 async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     metrics = request.app[METRICS]
-    route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+    route = (
+        request.match_info.route.resource.canonical
+        if request.match_info.route.resource
+        else "unmatched"
+    )
     t0 = time.perf_counter()
     status = 500
     try:
@@ -108,7 +132,9 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
 def _auth_middleware(token: str) -> Any:
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        protected = request.method not in ("GET", "HEAD") or request.path.startswith("/v1/admin/config")
+        protected = request.method not in ("GET", "HEAD") or request.path.startswith(
+            "/v1/admin/config"
+        )
         if token and protected and request.headers.get("Authorization") != f"Bearer {token}":
             raise ApiError(401, "unauthorized", "a valid bearer token is required", "Authorization")
         return await handler(request)
@@ -119,8 +145,12 @@ def _auth_middleware(token: str) -> Any:
 # ---------------------------------------------------------------------- helpers
 
 
-def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json", headers=headers)
+def json_response(
+    data: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(data), status=status, content_type="application/json", headers=headers
+    )
 
 
 async def read_json(request: web.Request) -> Any:
@@ -161,8 +191,14 @@ async def forward_to_leader(request: web.Request) -> web.Response | None:
     if broker.raftlog.is_leader:
         return None
     leader = broker.leader_url()
-    if leader is None or leader == broker.config.http_url or request.headers.get("X-Chronomq-Forwarded"):
-        raise ApiError(503, "no_leader", "no leader is known yet; retry shortly", None, {"Retry-After": "1"})
+    if (
+        leader is None
+        or leader == broker.config.http_url
+        or request.headers.get("X-Chronomq-Forwarded")
+    ):
+        raise ApiError(
+            503, "no_leader", "no leader is known yet; retry shortly", None, {"Retry-After": "1"}
+        )
     assert broker.session is not None
     headers = {h: request.headers[h] for h in _FORWARD_HEADERS if h in request.headers}
     headers["X-Chronomq-Forwarded"] = broker.config.http_url
@@ -179,10 +215,16 @@ async def forward_to_leader(request: web.Request) -> web.Response | None:
             out_headers = {"X-Chronomq-Leader": leader}
             if "Retry-After" in r.headers:
                 out_headers["Retry-After"] = r.headers["Retry-After"]
-            return web.Response(body=payload, status=r.status, content_type="application/json", headers=out_headers)
+            return web.Response(
+                body=payload, status=r.status, content_type="application/json", headers=out_headers
+            )
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise ApiError(
-            503, "leader_unreachable", f"the leader at {leader} did not answer: {exc}", None, {"Retry-After": "1"}
+            503,
+            "leader_unreachable",
+            f"the leader at {leader} did not answer: {exc}",
+            None,
+            {"Retry-After": "1"},
         ) from None
 
 
@@ -223,7 +265,9 @@ async def describe_topic(request: web.Request) -> web.Response:
 
 async def list_topics(request: web.Request) -> web.Response:
     store = request.app[BROKER].raftlog.store
-    topics = [{"topic": t, "queues": len(q), "messages": sum(q)} for t, q in sorted(store.topics.items())]
+    topics = [
+        {"topic": t, "queues": len(q), "messages": sum(q)} for t, q in sorted(store.topics.items())
+    ]
     return json_response({"topics": topics})
 
 
@@ -233,14 +277,18 @@ async def create_topic(request: web.Request) -> web.Response:
         return forwarded
     broker = request.app[BROKER]
     body = await read_json(request)
-    queues = body.get("queues", broker.config.default_topic_queues) if isinstance(body, dict) else None
+    queues = (
+        body.get("queues", broker.config.default_topic_queues) if isinstance(body, dict) else None
+    )
     if not isinstance(queues, int) or isinstance(queues, bool):
         raise bad_request("queues must be an integer", "queues")
     topic = request.match_info["topic"]
     existing = broker.raftlog.store.queue_count(topic)
     if existing is not None:
         if existing != queues:
-            raise ApiError(409, "topic_exists", f"topic {topic} exists with {existing} queues", "queues")
+            raise ApiError(
+                409, "topic_exists", f"topic {topic} exists with {existing} queues", "queues"
+            )
         return json_response(broker.describe_topic(topic))
     await broker.commit(broker.raftlog.create_topic(topic, queues))
     return json_response(broker.describe_topic(topic), status=201)
@@ -275,7 +323,9 @@ async def put_offset(request: web.Request) -> web.Response:
 async def get_offsets(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
     group = request.match_info["group"]
-    return json_response({"group": group, "offsets": broker.group_offsets(group, request.query.get("topic"))})
+    return json_response(
+        {"group": group, "offsets": broker.group_offsets(group, request.query.get("topic"))}
+    )
 
 
 # ---------------------------------------------------------------------- admin
@@ -314,7 +364,12 @@ async def admin_config_patch(request: web.Request) -> web.Response:
         if key is None:
             raise bad_request(f"unknown config key {name!r}", name, "unknown_key")
         if not key.runtime:
-            raise ApiError(409, "not_runtime", f"{name} can only be changed in the config file, with a restart", name)
+            raise ApiError(
+                409,
+                "not_runtime",
+                f"{name} can only be changed in the config file, with a restart",
+                name,
+            )
     broker.config = broker.config.with_changes(body)
     for hook in request.app[CONFIG_HOOKS]:
         hook(body)
@@ -358,7 +413,9 @@ async def readyz(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     m = request.app[METRICS]
     m.refresh(request.app[BROKER])
-    return web.Response(body=generate_latest(m.registry), content_type="text/plain", charset="utf-8")
+    return web.Response(
+        body=generate_latest(m.registry), content_type="text/plain", charset="utf-8"
+    )
 
 
 def add_routes(app: web.Application) -> None:
@@ -384,7 +441,11 @@ def add_routes(app: web.Application) -> None:
 def create_app(broker: Broker) -> web.Application:
     app = web.Application(
         client_max_size=broker.config.max_request_bytes,
-        middlewares=[metrics_middleware, error_middleware, _auth_middleware(broker.config.auth_token)],
+        middlewares=[
+            metrics_middleware,
+            error_middleware,
+            _auth_middleware(broker.config.auth_token),
+        ],
     )
     app[BROKER] = broker
     app[METRICS] = Metrics()

@@ -85,7 +85,9 @@ class Broker:
         self._applied = asyncio.Event()
         self.session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=1.0),
-            headers={"Authorization": f"Bearer {self.config.auth_token}"} if self.config.auth_token else None,
+            headers={"Authorization": f"Bearer {self.config.auth_token}"}
+            if self.config.auth_token
+            else None,
         )
 
     async def stop(self) -> None:
@@ -136,11 +138,15 @@ class Broker:
         return None
 
     async def commit(self, fut: Future[BatchOutcome]) -> BatchOutcome:
-        return await asyncio.wait_for(asyncio.wrap_future(fut), self.config.commit_timeout_ms / 1000 + 1)
+        return await asyncio.wait_for(
+            asyncio.wrap_future(fut), self.config.commit_timeout_ms / 1000 + 1
+        )
 
     # ------------------------------------------------------------------ produce
 
-    def parse_messages(self, topic: str, raw: Any) -> tuple[list[NewMessage], list[dict[str, Any]], int]:
+    def parse_messages(
+        self, topic: str, raw: Any
+    ) -> tuple[list[NewMessage], list[dict[str, Any]], int]:
         """JSON messages -> NewMessages (delayed ones rewritten) and per-message answer extras."""
         record.validate_topic(topic)
         if not isinstance(raw, list) or not raw:
@@ -159,18 +165,34 @@ class Broker:
             f = f"messages[{i}]"
             if not isinstance(m, dict):
                 raise bad_request("each message must be an object", f)
-            unknown = set(m) - {"body", "body_base64", "keys", "tags", "properties", "queue", *_DELAY_FIELDS}
+            unknown = set(m) - {
+                "body",
+                "body_base64",
+                "keys",
+                "tags",
+                "properties",
+                "queue",
+                *_DELAY_FIELDS,
+            }
             if unknown:
-                raise bad_request(f"unknown field {sorted(unknown)[0]!r}", f"{f}.{sorted(unknown)[0]}")
+                raise bad_request(
+                    f"unknown field {sorted(unknown)[0]!r}", f"{f}.{sorted(unknown)[0]}"
+                )
             body = self._body(m, f)
             props = m.get("properties") or {}
-            if not isinstance(props, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in props.items()):
+            if not isinstance(props, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in props.items()
+            ):
                 raise bad_request("properties must be an object of strings", f"{f}.properties")
             props = dict(props)
             keys = m.get("keys")
             if keys is not None:
-                if not isinstance(keys, list) or not all(isinstance(k, str) and k and " " not in k for k in keys):
-                    raise bad_request("keys must be a list of non-empty strings without spaces", f"{f}.keys")
+                if not isinstance(keys, list) or not all(
+                    isinstance(k, str) and k and " " not in k for k in keys
+                ):
+                    raise bad_request(
+                        "keys must be a list of non-empty strings without spaces", f"{f}.keys"
+                    )
                 if keys:
                     props[record.PROPERTY_KEYS] = " ".join(keys)
             tags = m.get("tags")
@@ -179,11 +201,15 @@ class Broker:
                     raise bad_request("tags must be a string", f"{f}.tags")
                 props[record.PROPERTY_TAGS] = tags
             queue = m.get("queue")
-            if queue is not None and (not isinstance(queue, int) or isinstance(queue, bool) or queue < 0):
+            if queue is not None and (
+                not isinstance(queue, int) or isinstance(queue, bool) or queue < 0
+            ):
                 raise bad_request("queue must be a non-negative integer", f"{f}.queue")
             delays = [k for k in _DELAY_FIELDS if m.get(k) is not None]
             if len(delays) > 1:
-                raise bad_request(f"give at most one of {', '.join(_DELAY_FIELDS)}", f"{f}.{delays[1]}")
+                raise bad_request(
+                    f"give at most one of {', '.join(_DELAY_FIELDS)}", f"{f}.{delays[1]}"
+                )
             extra: dict[str, Any] = {}
             if delays and delays[0] == "delay_level":
                 level = m["delay_level"]
@@ -198,7 +224,10 @@ class Broker:
                     err = getattr(exc, "field", None)
                     raise bad_request(str(exc), f"{f}.{err or 'delay_level'}") from None
                 if placed.level.is_delayed:
-                    extra = {"delay_level": placed.level.level, "deliver_ms": placed.deliver_ms(store_ms)}
+                    extra = {
+                        "delay_level": placed.level.level,
+                        "deliver_ms": placed.deliver_ms(store_ms),
+                    }
                     if placed.level.clamped:
                         extra["clamped"] = True
                     out.append(
@@ -215,8 +244,12 @@ class Broker:
             elif delays:
                 timer = self.timer_hook
                 if timer is None:
-                    raise bad_request(f"{delays[0]} is not supported by this node", f"{f}.{delays[0]}")
-                out.append(timer(topic, body, queue, props, delays[0], m[delays[0]], store_ms, f, extra))
+                    raise bad_request(
+                        f"{delays[0]} is not supported by this node", f"{f}.{delays[0]}"
+                    )
+                out.append(
+                    timer(topic, body, queue, props, delays[0], m[delays[0]], store_ms, f, extra)
+                )
                 extras.append(extra)
                 continue
             out.append(NewMessage(topic, body, queue_id=queue, properties=props))
@@ -277,7 +310,9 @@ class Broker:
 
     # ------------------------------------------------------------------ consume
 
-    async def pull(self, topic: str, queue: int, offset: int, max_messages: int, wait_ms: int) -> dict[str, Any]:
+    async def pull(
+        self, topic: str, queue: int, offset: int, max_messages: int, wait_ms: int
+    ) -> dict[str, Any]:
         store = self.raftlog.store
         n = store.queue_count(topic)
         if n is None:
@@ -304,7 +339,10 @@ class Broker:
             raise ApiError(404, "unknown_topic", f"topic {topic} does not exist", "topic")
         return {
             "topic": topic,
-            "queues": [{"queue": q, "min_offset": 0, "max_offset": store.max_offset(topic, q)} for q in range(n)],
+            "queues": [
+                {"queue": q, "min_offset": 0, "max_offset": store.max_offset(topic, q)}
+                for q in range(n)
+            ],
         }
 
     def group_offsets(self, group: str, topic: str | None) -> list[dict[str, Any]]:
@@ -327,7 +365,9 @@ class Broker:
         leader_addr = st.get("leader")
         return {
             "id": int(self.config.node_id),
-            "role": "leader" if self.raftlog.is_leader else ("leader-unconfirmed" if st["role"] == "leader" else st["role"]),
+            "role": "leader"
+            if self.raftlog.is_leader
+            else ("leader-unconfirmed" if st["role"] == "leader" else st["role"]),
             "http_url": self.config.http_url,
             "raft": self.config.raft_address,
             "leader": self.node_id_of(leader_addr),
@@ -349,7 +389,9 @@ class Broker:
     async def peer_status(self, url: str) -> dict[str, Any] | None:
         assert self.session is not None
         try:
-            async with self.session.get(f"{url}/v1/admin/node", timeout=aiohttp.ClientTimeout(total=1.0)) as r:
+            async with self.session.get(
+                f"{url}/v1/admin/node", timeout=aiohttp.ClientTimeout(total=1.0)
+            ) as r:
                 if r.status == 200:
                     data: dict[str, Any] = await r.json()
                     return data
@@ -362,7 +404,9 @@ class Broker:
         remote = await asyncio.gather(*(self.peer_status(p.http) for p in peers))
         nodes = [self.node_status()]
         for p, st in zip(peers, remote, strict=True):
-            nodes.append(st or {"id": p.id, "role": "unknown", "http_url": p.http, "reachable": False})
+            nodes.append(
+                st or {"id": p.id, "role": "unknown", "http_url": p.http, "reachable": False}
+            )
         nodes.sort(key=lambda n: n["id"])
         reachable = [n for n in nodes if n.get("reachable")]
         leaders = [n["id"] for n in reachable if n.get("role") == "leader"]

@@ -28,7 +28,9 @@ EXAMPLES = textwrap.dedent(
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) if rows else len(c) for c in columns}
+    widths = {
+        c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) if rows else len(c) for c in columns
+    }
     lines = ["  ".join(c.upper().ljust(widths[c]) for c in columns)]
     for r in rows:
         lines.append("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns))
@@ -75,7 +77,10 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     cluster.start()
     for i in range(args.nodes):
-        print(f"node {i}  {cluster.http_url(i)}  raft 127.0.0.1:{args.raft_port + i}  log {cluster.node_dir(i) / 'node.log'}", flush=True)
+        print(
+            f"node {i}  {cluster.http_url(i)}  raft 127.0.0.1:{args.raft_port + i}  log {cluster.node_dir(i) / 'node.log'}",
+            flush=True,
+        )
     t0 = time.monotonic()
     announced = False
     try:
@@ -83,7 +88,9 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             if not announced:
                 try:
                     leader = cluster.wait_leader(timeout_s=0.5)
-                    print(f"ready  leader node {leader} ({time.monotonic() - t0:.1f} s)", flush=True)
+                    print(
+                        f"ready  leader node {leader} ({time.monotonic() - t0:.1f} s)", flush=True
+                    )
                     announced = True
                 except TimeoutError:
                     pass
@@ -93,8 +100,15 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             else:
                 time.sleep(0.2)
             for i in range(args.nodes):
-                if not cluster.alive(i) and i in cluster.procs and cluster.procs[i].returncode not in (0, -9, -15, None):
-                    print(f"node {i} exited with {cluster.procs[i].returncode}; see {cluster.node_dir(i) / 'node.log'}", file=sys.stderr)
+                if (
+                    not cluster.alive(i)
+                    and i in cluster.procs
+                    and cluster.procs[i].returncode not in (0, -9, -15, None)
+                ):
+                    print(
+                        f"node {i} exited with {cluster.procs[i].returncode}; see {cluster.node_dir(i) / 'node.log'}",
+                        file=sys.stderr,
+                    )
                     cluster.procs.pop(i)
     finally:
         print("stopping", flush=True)
@@ -111,7 +125,9 @@ def _client_call(args: argparse.Namespace, fn: Any) -> Any:
     from cluster.client import Client
 
     async def go() -> Any:
-        async with Client(args.url.split(","), token=os.environ.get("CHRONOMQ_AUTH_TOKEN") or None) as c:
+        async with Client(
+            args.url.split(","), token=os.environ.get("CHRONOMQ_AUTH_TOKEN") or None
+        ) as c:
             return await fn(c)
 
     return asyncio.run(go())
@@ -138,7 +154,20 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "last_election_ms": n.get("last_election_ms") or "-",
             }
         )
-    print_table(rows, ["id", "role", "url", "commit", "applied", "lag", "reachable", "uptime_s", "last_election_ms"])
+    print_table(
+        rows,
+        [
+            "id",
+            "role",
+            "url",
+            "commit",
+            "applied",
+            "lag",
+            "reachable",
+            "uptime_s",
+            "last_election_ms",
+        ],
+    )
     return 0
 
 
@@ -170,7 +199,9 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
-    data = _client_call(args, lambda c: c.pull(args.topic, args.queue, args.offset, args.max, args.wait_ms))
+    data = _client_call(
+        args, lambda c: c.pull(args.topic, args.queue, args.offset, args.max, args.wait_ms)
+    )
     if args.json:
         print(json.dumps(data, indent=2))
     else:
@@ -206,8 +237,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
-    node = sub.add_parser("node", help="run one broker node", epilog="example:\n  chronomq node --config var/node-0/node.toml", formatter_class=argparse.RawDescriptionHelpFormatter)
-    node.add_argument("--config", required=False, help="TOML config file (keys may also come from CHRONOMQ_* variables)")
+    node = sub.add_parser(
+        "node",
+        help="run one broker node",
+        epilog="example:\n  chronomq node --config var/node-0/node.toml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    node.add_argument(
+        "--config",
+        required=False,
+        help="TOML config file (keys may also come from CHRONOMQ_* variables)",
+    )
     node.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key")
     node.set_defaults(func=cmd_node)
 
@@ -220,23 +260,47 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     up.add_argument("--nodes", type=int, default=3)
-    up.add_argument("--http-port", type=int, default=8080, help="node i serves HTTP on this port + i")
-    up.add_argument("--raft-port", type=int, default=9080, help="node i uses Raft port + i (and + 1000 for catch-up)")
+    up.add_argument(
+        "--http-port", type=int, default=8080, help="node i serves HTTP on this port + i"
+    )
+    up.add_argument(
+        "--raft-port",
+        type=int,
+        default=9080,
+        help="node i uses Raft port + i (and + 1000 for catch-up)",
+    )
     up.add_argument("--data-dir", default="./var")
-    up.add_argument("--set", action="append", metavar="KEY=VALUE", help="config key applied to every node")
+    up.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="config key applied to every node"
+    )
     up.set_defaults(func=cmd_cluster_up)
 
     def client_parser(name: str, help_text: str, example: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help_text, epilog=f"example:\n  {example}", formatter_class=argparse.RawDescriptionHelpFormatter)
-        sp.add_argument("--url", default=os.environ.get("CHRONOMQ_URL", "http://127.0.0.1:8080"), help="one or more node URLs, comma-separated")
+        sp = sub.add_parser(
+            name,
+            help=help_text,
+            epilog=f"example:\n  {example}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        sp.add_argument(
+            "--url",
+            default=os.environ.get("CHRONOMQ_URL", "http://127.0.0.1:8080"),
+            help="one or more node URLs, comma-separated",
+        )
         sp.add_argument("--json", action="store_true", help="print JSON instead of a table")
         return sp
 
-    st = client_parser("status", "show the cluster: roles, terms, indexes, lag", "chronomq status --url http://127.0.0.1:8080")
+    st = client_parser(
+        "status",
+        "show the cluster: roles, terms, indexes, lag",
+        "chronomq status --url http://127.0.0.1:8080",
+    )
     st.set_defaults(func=cmd_status)
     tp = client_parser("topics", "list topics", "chronomq topics")
     tp.set_defaults(func=cmd_topics)
-    pr = client_parser("produce", "send a message", "chronomq produce orders --body hello --delay-level 2")
+    pr = client_parser(
+        "produce", "send a message", "chronomq produce orders --body hello --delay-level 2"
+    )
     pr.add_argument("topic")
     pr.add_argument("--body", required=True)
     pr.add_argument("--tags")
@@ -247,7 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--delay-ms", dest="delay_ms", type=int)
     g.add_argument("--deliver-at-ms", dest="deliver_at_ms", type=int)
     pr.set_defaults(func=cmd_produce)
-    co = client_parser("consume", "pull messages from a queue", "chronomq consume orders --queue 0 --offset 0 --wait-ms 5000")
+    co = client_parser(
+        "consume",
+        "pull messages from a queue",
+        "chronomq consume orders --queue 0 --offset 0 --wait-ms 5000",
+    )
     co.add_argument("topic")
     co.add_argument("--queue", type=int, default=0)
     co.add_argument("--offset", type=int, default=0)

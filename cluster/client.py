@@ -84,7 +84,9 @@ class Client:
         data = orjson.dumps(json_body) if json_body is not None else None
         hdrs = {"Content-Type": "application/json", **(headers or {})}
         while True:
-            base = url or (self._leader if write and self._leader else self.urls[attempt % len(self.urls)])
+            base = url or (
+                self._leader if write and self._leader else self.urls[attempt % len(self.urls)]
+            )
             try:
                 async with self._session.request(method, base + path, data=data, headers=hdrs) as r:
                     raw = await r.read()
@@ -132,7 +134,13 @@ class Client:
         return first
 
     async def pull(
-        self, topic: str, queue: int, offset: int, max_messages: int = 32, wait_ms: int = 0, url: str | None = None
+        self,
+        topic: str,
+        queue: int,
+        offset: int,
+        max_messages: int = 32,
+        wait_ms: int = 0,
+        url: str | None = None,
     ) -> dict[str, Any]:
         path = f"/v1/topics/{topic}/queues/{queue}/messages?offset={offset}&max={max_messages}&wait_ms={wait_ms}"
         result: dict[str, Any] = await self.request("GET", path, url=url)
@@ -147,15 +155,22 @@ class Client:
         return result
 
     async def create_topic(self, topic: str, queues: int) -> dict[str, Any]:
-        result: dict[str, Any] = await self.request("PUT", f"/v1/topics/{topic}", json_body={"queues": queues}, write=True)
+        result: dict[str, Any] = await self.request(
+            "PUT", f"/v1/topics/{topic}", json_body={"queues": queues}, write=True
+        )
         return result
 
     async def commit_offset(self, group: str, topic: str, queue: int, offset: int) -> None:
         await self.request(
-            "PUT", f"/v1/groups/{group}/offsets", json_body={"topic": topic, "queue": queue, "offset": offset}, write=True
+            "PUT",
+            f"/v1/groups/{group}/offsets",
+            json_body={"topic": topic, "queue": queue, "offset": offset},
+            write=True,
         )
 
-    async def offsets(self, group: str, topic: str | None = None, url: str | None = None) -> list[dict[str, Any]]:
+    async def offsets(
+        self, group: str, topic: str | None = None, url: str | None = None
+    ) -> list[dict[str, Any]]:
         q = f"?topic={topic}" if topic else ""
         result = await self.request("GET", f"/v1/groups/{group}/offsets{q}", url=url)
         offsets: list[dict[str, Any]] = result["offsets"]
@@ -163,7 +178,10 @@ class Client:
 
     async def retry(self, group: str, topic: str, queue: int, offset: int) -> dict[str, Any]:
         result: dict[str, Any] = await self.request(
-            "POST", f"/v1/groups/{group}/retry", json_body={"topic": topic, "queue": queue, "offset": offset}, write=True
+            "POST",
+            f"/v1/groups/{group}/retry",
+            json_body={"topic": topic, "queue": queue, "offset": offset},
+            write=True,
         )
         return result
 
@@ -184,19 +202,25 @@ class Client:
         return result
 
     async def patch_config(self, changes: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = await self.request("PATCH", "/v1/admin/config", json_body=changes, write=True)
+        result: dict[str, Any] = await self.request(
+            "PATCH", "/v1/admin/config", json_body=changes, write=True
+        )
         return result
 
     async def transfer_leadership(self, to: int | None) -> dict[str, Any]:
         body = {"to": to} if to is not None else {}
-        result: dict[str, Any] = await self.request("POST", "/v1/admin/leadership/transfer", json_body=body, write=True)
+        result: dict[str, Any] = await self.request(
+            "POST", "/v1/admin/leadership/transfer", json_body=body, write=True
+        )
         return result
 
 
 class BatchingProducer:
     """Collects single messages and sends them in batches of up to ``max_batch``."""
 
-    def __init__(self, client: Client, topic: str, *, max_batch: int = 100, linger_ms: int = 5) -> None:
+    def __init__(
+        self, client: Client, topic: str, *, max_batch: int = 100, linger_ms: int = 5
+    ) -> None:
         self.client = client
         self.topic = topic
         self.max_batch = max_batch

@@ -57,12 +57,24 @@ def _delay_levels(value: Any) -> str | None:
 KEYS: tuple[Key, ...] = (
     # Identity and addresses.
     Key("node_id", int, 0, "This node's id, unique in the cluster (0-based).", min=0, max=1023),
-    Key("data_dir", str, "./var/node-0", "Directory for the CommitLog, ConsumeQueues, Raft journal and snapshots."),
+    Key(
+        "data_dir",
+        str,
+        "./var/node-0",
+        "Directory for the CommitLog, ConsumeQueues, Raft journal and snapshots.",
+    ),
     Key("http_host", str, "127.0.0.1", "Address the HTTP API binds to. Loopback by default."),
     Key("http_port", int, 8080, "Port of the HTTP API.", min=1, max=65535),
     Key("raft_host", str, "127.0.0.1", "Address Raft listens on and peers use to reach this node."),
     Key("raft_port", int, 9080, "Port of Raft traffic.", min=1, max=65535),
-    Key("fetch_port", int, 0, "Port of the CommitLog catch-up channel; 0 means raft_port + 1000.", min=0, max=65535),
+    Key(
+        "fetch_port",
+        int,
+        0,
+        "Port of the CommitLog catch-up channel; 0 means raft_port + 1000.",
+        min=0,
+        max=65535,
+    ),
     Key(
         "peers",
         list,
@@ -87,21 +99,91 @@ KEYS: tuple[Key, ...] = (
         min=1 << 16,
         max=1 << 32,
     ),
-    Key("max_message_size", int, 4 * 1024 * 1024, "Largest message body in bytes.", min=1, max=64 * 1024 * 1024),
-    Key("max_request_bytes", int, 16 * 1024 * 1024, "Largest HTTP request body in bytes.", min=1024, max=256 * 1024 * 1024),
-    Key("max_messages_per_request", int, 1000, "Most messages in one produce request.", min=1, max=100_000),
+    Key(
+        "max_message_size",
+        int,
+        4 * 1024 * 1024,
+        "Largest message body in bytes.",
+        min=1,
+        max=64 * 1024 * 1024,
+    ),
+    Key(
+        "max_request_bytes",
+        int,
+        16 * 1024 * 1024,
+        "Largest HTTP request body in bytes.",
+        min=1024,
+        max=256 * 1024 * 1024,
+    ),
+    Key(
+        "max_messages_per_request",
+        int,
+        1000,
+        "Most messages in one produce request.",
+        min=1,
+        max=100_000,
+    ),
     Key("max_pull_messages", int, 1000, "Most messages one pull returns.", min=1, max=100_000),
     Key("max_wait_ms", int, 30_000, "Longest long-poll a pull may ask for.", min=0, max=300_000),
     Key("auto_create_topic", bool, True, "Create a topic on its first produce."),
     Key("default_topic_queues", int, 4, "Queues of an auto-created topic.", min=1, max=1024),
     # Group commit and Raft.
-    Key("batch_max_messages", int, 512, "Most messages in one Raft command (group commit).", min=1, max=100_000),
-    Key("batch_max_bytes", int, 1024 * 1024, "Most bytes in one Raft command.", min=1024, max=64 * 1024 * 1024),
-    Key("max_inflight_commands", int, 64, "Raft commands proposed and not yet committed.", min=1, max=10_000),
-    Key("max_pending_messages", int, 200_000, "Messages waiting for commit before produce answers 429.", min=1, max=10_000_000),
-    Key("commit_timeout_ms", int, 10_000, "How long a produce waits for its commit.", min=100, max=600_000),
-    Key("idempotency_window", int, 20_000, "Client batches remembered to drop retried duplicates.", min=100, max=10_000_000),
-    Key("append_entries_period_ms", int, 50, "Raft heartbeat and batching period.", min=1, max=10_000),
+    Key(
+        "batch_max_messages",
+        int,
+        512,
+        "Most messages in one Raft command (group commit).",
+        min=1,
+        max=100_000,
+    ),
+    Key(
+        "batch_max_bytes",
+        int,
+        1024 * 1024,
+        "Most bytes in one Raft command.",
+        min=1024,
+        max=64 * 1024 * 1024,
+    ),
+    Key(
+        "max_inflight_commands",
+        int,
+        64,
+        "Raft commands proposed and not yet committed.",
+        min=1,
+        max=10_000,
+    ),
+    Key(
+        "max_pending_messages",
+        int,
+        200_000,
+        "Messages waiting for commit before produce answers 429.",
+        min=1,
+        max=10_000_000,
+    ),
+    Key(
+        "commit_timeout_ms",
+        int,
+        10_000,
+        "How long a produce waits for its commit.",
+        min=100,
+        max=600_000,
+    ),
+    Key(
+        "idempotency_window",
+        int,
+        20_000,
+        "Client batches remembered to drop retried duplicates.",
+        min=100,
+        max=10_000_000,
+    ),
+    Key(
+        "append_entries_period_ms",
+        int,
+        50,
+        "Raft heartbeat and batching period.",
+        min=1,
+        max=10_000,
+    ),
     Key(
         "append_entries_use_batch",
         bool,
@@ -109,21 +191,94 @@ KEYS: tuple[Key, ...] = (
         "Send Raft entries on the heartbeat period (true) or at once (false). Group commit makes "
         "'at once' affordable: it halves commit latency and doubles throughput here.",
     ),
-    Key("append_entries_batch_bytes", int, 4 * 1024 * 1024, "Most bytes of Raft entries in one message.", min=65536, max=64 * 1024 * 1024),
-    Key("wire_compression_level", int, 0, "zlib level of Raft messages (0 stores; 1-9 trade CPU for bandwidth).", min=0, max=9),
-    Key("raft_min_timeout_ms", int, 300, "Lower bound of the election timeout.", min=10, max=60_000),
-    Key("raft_max_timeout_ms", int, 600, "Upper bound of the election timeout.", min=20, max=120_000),
-    Key("connection_timeout_ms", int, 60_000, "Raft connection idle timeout.", min=100, max=600_000),
-    Key("leader_fallback_timeout_ms", int, 3_000, "A leader without a quorum's answers steps down after this.", min=100, max=600_000),
-    Key("leader_lease_ms", int, 1_500, "A leader that commits nothing for this long stops leader-only work.", min=100, max=600_000),
-    Key("log_compaction_min_entries", int, 1_000, "Raft entries between thin snapshots.", min=10, max=10_000_000),
+    Key(
+        "append_entries_batch_bytes",
+        int,
+        4 * 1024 * 1024,
+        "Most bytes of Raft entries in one message.",
+        min=65536,
+        max=64 * 1024 * 1024,
+    ),
+    Key(
+        "wire_compression_level",
+        int,
+        0,
+        "zlib level of Raft messages (0 stores; 1-9 trade CPU for bandwidth).",
+        min=0,
+        max=9,
+    ),
+    Key(
+        "raft_min_timeout_ms", int, 300, "Lower bound of the election timeout.", min=10, max=60_000
+    ),
+    Key(
+        "raft_max_timeout_ms", int, 600, "Upper bound of the election timeout.", min=20, max=120_000
+    ),
+    Key(
+        "connection_timeout_ms", int, 60_000, "Raft connection idle timeout.", min=100, max=600_000
+    ),
+    Key(
+        "leader_fallback_timeout_ms",
+        int,
+        3_000,
+        "A leader without a quorum's answers steps down after this.",
+        min=100,
+        max=600_000,
+    ),
+    Key(
+        "leader_lease_ms",
+        int,
+        1_500,
+        "A leader that commits nothing for this long stops leader-only work.",
+        min=100,
+        max=600_000,
+    ),
+    Key(
+        "log_compaction_min_entries",
+        int,
+        1_000,
+        "Raft entries between thin snapshots.",
+        min=10,
+        max=10_000_000,
+    ),
     # Security and logs.
-    Key("auth_token", str, "", "Bearer token required on write and admin endpoints; empty disables.", secret=True),
-    Key("log_level", str, "info", "Log level.", runtime=True, choices=("debug", "info", "warning", "error")),
-    Key("log_format", str, "auto", "Log lines as 'json', 'text', or 'auto' (JSON when not on a terminal).", choices=("auto", "json", "text")),
-    Key("ops_log_dir", str, "", "Directory for replication/latency/event logs read by `chronomq report`; empty: <data_dir>/ops."),
+    Key(
+        "auth_token",
+        str,
+        "",
+        "Bearer token required on write and admin endpoints; empty disables.",
+        secret=True,
+    ),
+    Key(
+        "log_level",
+        str,
+        "info",
+        "Log level.",
+        runtime=True,
+        choices=("debug", "info", "warning", "error"),
+    ),
+    Key(
+        "log_format",
+        str,
+        "auto",
+        "Log lines as 'json', 'text', or 'auto' (JSON when not on a terminal).",
+        choices=("auto", "json", "text"),
+    ),
+    Key(
+        "ops_log_dir",
+        str,
+        "",
+        "Directory for replication/latency/event logs read by `chronomq report`; empty: <data_dir>/ops.",
+    ),
     Key("ops_log_enabled", bool, True, "Write replication, latency and event logs.", runtime=True),
-    Key("ops_log_sample_rate", float, 1.0, "Fraction of messages whose latency is logged.", runtime=True, min=0.0, max=1.0),
+    Key(
+        "ops_log_sample_rate",
+        float,
+        1.0,
+        "Fraction of messages whose latency is logged.",
+        runtime=True,
+        min=0.0,
+        max=1.0,
+    ),
     # Schedule service (RocketMQ 4.x delay levels).
     Key(
         "message_delay_level",
@@ -132,23 +287,77 @@ KEYS: tuple[Key, ...] = (
         "Delay levels, space-separated, units s m h d.",
         check=_delay_levels,
     ),
-    Key("enable_schedule_async_deliver", bool, False, "Deliver delayed messages asynchronously.", runtime=True),
-    Key("schedule_async_deliver_max_pending_limit", int, 2000, "In-flight async deliveries per level.", min=1, max=1_000_000),
-    Key("schedule_async_deliver_max_resend_num_to_blocked", int, 3, "Failures before a level blocks.", min=1, max=1000),
-    Key("max_reconsume_times", int, 16, "Retries before a message goes to the group's DLQ.", min=0, max=1000),
+    Key(
+        "enable_schedule_async_deliver",
+        bool,
+        False,
+        "Deliver delayed messages asynchronously.",
+        runtime=True,
+    ),
+    Key(
+        "schedule_async_deliver_max_pending_limit",
+        int,
+        2000,
+        "In-flight async deliveries per level.",
+        min=1,
+        max=1_000_000,
+    ),
+    Key(
+        "schedule_async_deliver_max_resend_num_to_blocked",
+        int,
+        3,
+        "Failures before a level blocks.",
+        min=1,
+        max=1000,
+    ),
+    Key(
+        "max_reconsume_times",
+        int,
+        16,
+        "Retries before a message goes to the group's DLQ.",
+        min=0,
+        max=1000,
+    ),
     # Timer service (RocketMQ 5.x, RIP-43).
     Key("timer_precision_ms", int, 100, "Timer wheel slot width.", min=10, max=1000),
-    Key("timer_max_delay_sec", int, 365 * 86400, "Longest accepted timer delay.", min=1, max=10 * 365 * 86400),
-    Key("timer_roll_window_slots", int, 3600 * 10 * 2, "Wheel window; later messages roll.", min=10, max=100_000_000),
-    Key("timer_congest_num_each_slot", int, 1_000_000_000, "Messages one slot accepts before 429.", min=1, max=10**12),
-    Key("timer_stop_enqueue", bool, False, "Stop reading new timer messages into the wheel.", runtime=True),
+    Key(
+        "timer_max_delay_sec",
+        int,
+        365 * 86400,
+        "Longest accepted timer delay.",
+        min=1,
+        max=10 * 365 * 86400,
+    ),
+    Key(
+        "timer_roll_window_slots",
+        int,
+        3600 * 10 * 2,
+        "Wheel window; later messages roll.",
+        min=10,
+        max=100_000_000,
+    ),
+    Key(
+        "timer_congest_num_each_slot",
+        int,
+        1_000_000_000,
+        "Messages one slot accepts before 429.",
+        min=1,
+        max=10**12,
+    ),
+    Key(
+        "timer_stop_enqueue",
+        bool,
+        False,
+        "Stop reading new timer messages into the wheel.",
+        runtime=True,
+    ),
     Key("timer_stop_dequeue", bool, False, "Stop delivering timer messages.", runtime=True),
 )
 
 KEY_BY_NAME = {k.name: k for k in KEYS}
 
 
-def _coerce(key: Key, value: Any, from_env: bool) -> Any:
+def _coerce(key: Key, value: Any, from_env: bool) -> Any:  # noqa: C901
     t = key.type
     if from_env and isinstance(value, str):
         try:
@@ -172,9 +381,10 @@ def _coerce(key: Key, value: Any, from_env: bool) -> Any:
         value = float(value)
     if t is int and isinstance(value, bool) or not isinstance(value, t):
         raise ConfigError(key.name, f"must be {t.__name__}, got {type(value).__name__} {value!r}")
-    if key.min is not None and value < key.min:
+    number: Any = value
+    if key.min is not None and number < key.min:
         raise ConfigError(key.name, f"must be >= {key.min}, got {value}")
-    if key.max is not None and value > key.max:
+    if key.max is not None and number > key.max:
         raise ConfigError(key.name, f"must be <= {key.max}, got {value}")
     if key.choices is not None and value not in key.choices:
         raise ConfigError(key.name, f"must be one of {', '.join(key.choices)}, got {value!r}")
@@ -202,7 +412,9 @@ class NodeConfig:
         if self._values["raft_min_timeout_ms"] >= self._values["raft_max_timeout_ms"]:
             raise ConfigError("raft_max_timeout_ms", "must be greater than raft_min_timeout_ms")
         if self._values["raft_min_timeout_ms"] <= 3 * self._values["append_entries_period_ms"]:
-            raise ConfigError("raft_min_timeout_ms", "must be more than 3 x append_entries_period_ms")
+            raise ConfigError(
+                "raft_min_timeout_ms", "must be more than 3 x append_entries_period_ms"
+            )
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -221,7 +433,9 @@ class NodeConfig:
                 raft = str(p["raft"])
                 http = str(p["http"]).rstrip("/")
             except (KeyError, TypeError, ValueError):
-                raise ConfigError("peers", f"entry {i} needs id (int), raft (host:port) and http (URL)") from None
+                raise ConfigError(
+                    "peers", f"entry {i} needs id (int), raft (host:port) and http (URL)"
+                ) from None
             if pid in seen:
                 raise ConfigError("peers", f"id {pid} appears twice (or equals node_id)")
             seen.add(pid)
@@ -252,7 +466,9 @@ class NodeConfig:
     def masked(self) -> dict[str, Any]:
         """The effective config with secrets masked, for logs and the admin API."""
         return {
-            k: ("***" if KEY_BY_NAME[k].secret and v else v) for k, v in self._values.items() if k in KEY_BY_NAME
+            k: ("***" if KEY_BY_NAME[k].secret and v else v)
+            for k, v in self._values.items()
+            if k in KEY_BY_NAME
         }
 
     def with_changes(self, changes: Mapping[str, Any]) -> NodeConfig:

@@ -58,7 +58,14 @@ def from_exception(exc: BaseException, leader_url: str | None = None) -> ApiErro
         return ApiError(429, exc.code, str(exc), None, {"Retry-After": "1"})
     if isinstance(exc, rl.NotLeader):
         extra = {"leader": leader_url} if leader_url else {}
-        return ApiError(503, "no_leader" if not leader_url else exc.code, str(exc), None, {"Retry-After": "1"}, extra)
+        return ApiError(
+            503,
+            "no_leader" if not leader_url else exc.code,
+            str(exc),
+            None,
+            {"Retry-After": "1"},
+            extra,
+        )
     if isinstance(exc, rl.CommitTimeout | TimeoutError):
         return ApiError(
             503,

@@ -89,7 +89,9 @@ class LocalCluster:
             key = KEY_BY_NAME.get(name)
             if key is None:
                 raise ConfigError(name, "unknown key")
-            values[name] = _coerce(key, value, from_env=isinstance(value, str) and key.type is not str)
+            values[name] = _coerce(
+                key, value, from_env=isinstance(value, str) and key.type is not str
+            )
         values["peers"] = peers
         return values
 
@@ -151,7 +153,7 @@ class LocalCluster:
             log.close()
 
     def stop(self, timeout_s: float = 15.0) -> None:
-        for i, p in list(self.procs.items()):
+        for _i, p in list(self.procs.items()):
             if p.poll() is None:
                 try:
                     os.kill(p.pid, signal.SIGCONT)  # a paused node must be able to stop
@@ -193,7 +195,9 @@ class LocalCluster:
             for i in range(self.n):
                 p = self.procs.get(i)
                 if p is not None and p.poll() is not None and p.returncode not in (0, -9, -15):
-                    raise RuntimeError(f"node {i} exited with {p.returncode}; see {self.node_dir(i) / 'node.log'}")
+                    raise RuntimeError(
+                        f"node {i} exited with {p.returncode}; see {self.node_dir(i) / 'node.log'}"
+                    )
             leader = self.leader(among)
             if leader is not None:
                 return leader
@@ -207,7 +211,9 @@ class LocalCluster:
             out[i] = st["digest"] if st else None
         return out
 
-    def wait_converged(self, timeout_s: float = 60.0, nodes: list[int] | None = None) -> dict[str, Any]:
+    def wait_converged(
+        self, timeout_s: float = 60.0, nodes: list[int] | None = None
+    ) -> dict[str, Any]:
         """Wait until the given nodes report the same CommitLog digest; return it."""
         deadline = time.monotonic() + timeout_s
         last: dict[int, Any] = {}

@@ -16,7 +16,8 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "node": self.node,
             "logger": record.name,
@@ -33,7 +34,9 @@ def setup(node: str, level: str = "info", fmt: str = "auto") -> None:
     if use_json:
         handler.setFormatter(JsonFormatter(node))
     else:
-        handler.setFormatter(logging.Formatter(f"%(asctime)s {node} %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(
+            logging.Formatter(f"%(asctime)s {node} %(levelname)s %(name)s: %(message)s")
+        )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -36,7 +36,12 @@ async def serve(config: NodeConfig) -> int:
         log.error("cannot listen on %s:%s: %s", config.http_host, config.http_port, exc)
         raftlog.close()
         return 2
-    log.info("node %s serving HTTP on %s, Raft on %s", config.node_id, config.http_url, config.raft_address)
+    log.info(
+        "node %s serving HTTP on %s, Raft on %s",
+        config.node_id,
+        config.http_url,
+        config.raft_address,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -54,6 +54,13 @@ async def _produce_inprocess(
     return time.perf_counter() - t0, lat
 
 
+def _latency_recorder(lat: list[float], t0: float) -> Any:
+    def record(_fut: Any) -> None:
+        lat.append((time.perf_counter() - t0) * 1000)
+
+    return record
+
+
 async def _steady_inprocess(
     rl: Any, rate: int, duration_s: float, body: bytes, topic: str
 ) -> tuple[int, list[float]]:
@@ -74,7 +81,7 @@ async def _steady_inprocess(
             await asyncio.sleep(delay)
         t0 = time.perf_counter()
         fut = asyncio.wrap_future(rl.append([NewMessage(topic, body)] * per_tick))
-        fut.add_done_callback(lambda f, t0=t0: lat.append((time.perf_counter() - t0) * 1000))
+        fut.add_done_callback(_latency_recorder(lat, t0))
         pending.add(fut)
         fut.add_done_callback(pending.discard)
         count += per_tick
@@ -198,7 +205,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(args: argparse.Namespace) -> int:
     result = run(args)
-    rows = [
+    rows: list[tuple[str, Any]] = [
         (k, result[k])
         for k in (
             "nodes",

@@ -55,7 +55,9 @@ def _wait_writable(sock: socket.socket) -> None:
 class CatchupServer:
     """Serves ``[start, end)`` of the local CommitLog, up to what has been applied."""
 
-    def __init__(self, host: str, port: int, commitlog: CommitLog, available: Callable[[], int]) -> None:
+    def __init__(
+        self, host: str, port: int, commitlog: CommitLog, available: Callable[[], int]
+    ) -> None:
         self._commitlog = commitlog
         self._available = available
         self._sock = socket.create_server((host, port), reuse_port=False)
@@ -81,7 +83,9 @@ class CatchupServer:
             if not self._slots.acquire(blocking=False):
                 conn.close()
                 continue
-            threading.Thread(target=self._handle, args=(conn, peer), name="catchup-conn", daemon=True).start()
+            threading.Thread(
+                target=self._handle, args=(conn, peer), name="catchup-conn", daemon=True
+            ).start()
 
     def _handle(self, conn: socket.socket, peer: object) -> None:
         try:
@@ -118,7 +122,9 @@ class CatchupServer:
         self._thread.join(timeout=2)
 
 
-def fetch_from(address: tuple[str, int], start: int, end: int, write: Callable[[int, bytes], None]) -> int:
+def fetch_from(
+    address: tuple[str, int], start: int, end: int, write: Callable[[int, bytes], None]
+) -> int:
     """Fetch ``[start, end)`` from one peer, handing chunks to ``write(at, data)``.
 
     Returns how many bytes were written (the peer may have fewer than asked).
@@ -133,7 +139,9 @@ def fetch_from(address: tuple[str, int], start: int, end: int, write: Callable[[
         while left:
             chunk = sock.recv(min(left, 4 << 20))
             if not chunk:
-                raise ConnectionError(f"{address} closed the connection after {at - start} of {count} bytes")
+                raise ConnectionError(
+                    f"{address} closed the connection after {at - start} of {count} bytes"
+                )
             write(at, chunk)
             at += len(chunk)
             left -= len(chunk)
@@ -171,4 +179,6 @@ def fetch_range(
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
     took = time.monotonic() - t0
-    log.info("fetched CommitLog [%d, %d) (%.1f MB) in %.2f s", start, end, (end - start) / 1e6, took)
+    log.info(
+        "fetched CommitLog [%d, %d) (%.1f MB) in %.2f s", start, end, (end - start) / 1e6, took
+    )

@@ -62,9 +62,7 @@ class Command:
 def encode(cmd: Command) -> bytes:
     meta = {
         "t": cmd.propose_ms,
-        "b": [
-            [b.key, b.count, b.expect, b.updates, b.creates] for b in cmd.batches
-        ],
+        "b": [[b.key, b.count, b.expect, b.updates, b.creates] for b in cmd.batches],
         "tp": list(cmd.topics),
         "m": [x for m in cmd.messages for x in m],
         "x": cmd.extra or None,
@@ -80,7 +78,9 @@ def decode(data: bytes) -> Command:
     if magic != MAGIC:
         raise StoreCorruption(f"command has a bad magic {magic:#x}")
     if version != VERSION:
-        raise StoreCorruption(f"command version {version} is not supported (this node knows {VERSION})")
+        raise StoreCorruption(
+            f"command version {version} is not supported (this node knows {VERSION})"
+        )
     start = _HEAD.size
     if len(data) < start + meta_len:
         raise StoreCorruption(f"command meta is cut short: {len(data) - start} of {meta_len} bytes")

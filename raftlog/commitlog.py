@@ -69,13 +69,17 @@ class CommitLog:
         self._flush_wakeup = threading.Event()
         self._flush_interval_s = flush_interval_ms / 1000
         if flush == "async":
-            self._flusher = threading.Thread(target=self._flush_loop, name="commitlog-flush", daemon=True)
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name="commitlog-flush", daemon=True
+            )
             self._flusher.start()
 
     # ------------------------------------------------------------------ opening
 
     def _open_segments(self) -> None:
-        names = sorted(p for p in self.directory.iterdir() if p.name.isdigit() and len(p.name) == 20)
+        names = sorted(
+            p for p in self.directory.iterdir() if p.name.isdigit() and len(p.name) == 20
+        )
         # Check every name before removing anything below: with a changed segment_bytes the
         # first segment looks partial and the rest would be taken for leftovers.
         for path in names:
@@ -212,7 +216,9 @@ class CommitLog:
     def _segment_at(self, at: int) -> _Segment:
         segments = self._segments
         if not segments or at < segments[0].base or at >= segments[-1].end:
-            raise IndexError(f"physical offset {at} is outside the CommitLog [{self.min_offset}, {self.length})")
+            raise IndexError(
+                f"physical offset {at} is outside the CommitLog [{self.min_offset}, {self.length})"
+            )
         idx = (at - segments[0].base) // self.segment_bytes
         return segments[idx]
 
@@ -229,7 +235,9 @@ class CommitLog:
             size, _magic = record.peek(self.read(at, record.BLANK_SIZE))
         return record.decode(self.read(at, size))
 
-    def iter_records(self, start: int, end: int | None = None, chunk_bytes: int = 4 << 20) -> Iterator[tuple[int, bytes]]:
+    def iter_records(
+        self, start: int, end: int | None = None, chunk_bytes: int = 4 << 20
+    ) -> Iterator[tuple[int, bytes]]:
         """Yield ``(physical_offset, record_bytes)`` of every message record in ``[start, end)``.
 
         Blank records are skipped. Raises :class:`StoreCorruption` on a bad record.
@@ -249,7 +257,9 @@ class CommitLog:
                     if at == 0:
                         if pos + size > stop:
                             # Also what a corrupt size looks like: never loop on it.
-                            raise StoreCorruption(f"record at {pos} of {size} bytes runs past {stop}")
+                            raise StoreCorruption(
+                                f"record at {pos} of {size} bytes runs past {stop}"
+                            )
                         # One record larger than the chunk: read it whole.
                         data = os.pread(seg.fd, size, pos - seg.base)
                         continue
@@ -291,7 +301,9 @@ class CommitLog:
                     good = pos + at
                 pos = seg.end
         except StoreCorruption as exc:
-            log.warning("CommitLog torn tail at %d (%s): truncating %d bytes", good, exc, self.length - good)
+            log.warning(
+                "CommitLog torn tail at %d (%s): truncating %d bytes", good, exc, self.length - good
+            )
         if good < self.length:
             self.truncate(good)
         return good
@@ -300,7 +312,9 @@ class CommitLog:
         """Drop everything from ``length`` on."""
         with self._lock:
             if length > self.length:
-                raise ValueError(f"cannot truncate to {length}: the CommitLog ends at {self.length}")
+                raise ValueError(
+                    f"cannot truncate to {length}: the CommitLog ends at {self.length}"
+                )
             keep: list[_Segment] = []
             for seg in self._segments:
                 if seg.base < length or (seg.base == length == 0):

@@ -11,6 +11,7 @@ so a retry must reuse the idempotency key, which apply honours).
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 import time
@@ -58,12 +59,19 @@ class _InFlight:
 
 
 def _failure(reason: int) -> ReplicationError:
-    if reason in (FAIL_REASON.NOT_LEADER, FAIL_REASON.MISSING_LEADER, FAIL_REASON.LEADER_CHANGED, FAIL_REASON.DISCARDED):
+    if reason in (
+        FAIL_REASON.NOT_LEADER,
+        FAIL_REASON.MISSING_LEADER,
+        FAIL_REASON.LEADER_CHANGED,
+        FAIL_REASON.DISCARDED,
+    ):
         return NotLeader(f"leadership changed before the command committed (reason {reason})")
     if reason == FAIL_REASON.QUEUE_FULL:
         return Overloaded("the Raft command queue is full")
     if reason == FAIL_REASON.UNKNOWN_OUTCOME:
-        return CommitTimeout("the command's outcome is unknown; retry with the same idempotency key")
+        return CommitTimeout(
+            "the command's outcome is unknown; retry with the same idempotency key"
+        )
     return ReplicationError(f"the command failed (reason {reason})")
 
 
@@ -152,7 +160,9 @@ class GroupCommitter:
         size = 0
         while self._queue:
             nxt = self._queue[0]
-            if taken and (n + len(nxt.messages) > self._max_messages or size + len(nxt.blob) > self._max_bytes):
+            if taken and (
+                n + len(nxt.messages) > self._max_messages or size + len(nxt.blob) > self._max_bytes
+            ):
                 break
             taken.append(self._queue.popleft())
             n += len(nxt.messages)
@@ -163,7 +173,9 @@ class GroupCommitter:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and (not self._queue or len(self._inflight) >= self._max_inflight):
+                while not self._closed and (
+                    not self._queue or len(self._inflight) >= self._max_inflight
+                ):
                     self._cond.wait(timeout=0.05)
                     self._expire()
                 if self._closed:
@@ -176,7 +188,7 @@ class GroupCommitter:
             try:
                 data = self._encode(batches)
                 self.commands_proposed += 1
-                self._propose(data, lambda res, err, seq=seq: self._done(seq, res, err))
+                self._propose(data, self._callback(seq))
             except Exception as exc:
                 log.exception("proposing a command failed")
                 self._finish(seq, None, exc)
@@ -197,7 +209,8 @@ class GroupCommitter:
             kind=cmdcodec.Kind.APPEND,
             propose_ms=self._now_ms(),
             batches=tuple(
-                cmdcodec.Batch(b.key, len(b.messages), b.expect, b.updates, b.creates) for b in batches
+                cmdcodec.Batch(b.key, len(b.messages), b.expect, b.updates, b.creates)
+                for b in batches
             ),
             topics=tuple(topics),
             messages=tuple(messages),
@@ -209,10 +222,20 @@ class GroupCommitter:
         now = time.monotonic()
         for seq in [s for s, f in self._inflight.items() if f.deadline < now]:
             f = self._inflight.pop(seq)
-            log.warning("command with %d batches timed out after %.1f s", len(f.batches), self._timeout_s)
+            log.warning(
+                "command with %d batches timed out after %.1f s", len(f.batches), self._timeout_s
+            )
             for b in f.batches:
-                _set_exception(b.future, CommitTimeout("no commit before the deadline; outcome unknown"))
+                _set_exception(
+                    b.future, CommitTimeout("no commit before the deadline; outcome unknown")
+                )
             self._cond.notify_all()
+
+    def _callback(self, seq: int) -> Callable[[Any, int], None]:
+        def done(res: Any, err: int) -> None:
+            self._done(seq, res, err)
+
+        return done
 
     def _done(self, seq: int, res: Any, err: int) -> None:
         if err == FAIL_REASON.SUCCESS:
@@ -242,7 +265,9 @@ class GroupCommitter:
             outcomes = [by_key.get(b.key) for b in f.batches]
         for b, o in zip(f.batches, outcomes, strict=True):
             if o is None:
-                _set_exception(b.future, ReplicationError(f"batch {b.key} missing from the apply result"))
+                _set_exception(
+                    b.future, ReplicationError(f"batch {b.key} missing from the apply result")
+                )
             elif o.status == CONDITION_FAILED:
                 _set_exception(b.future, ConditionFailed(o.detail))
             elif o.status == BAD_QUEUE:
@@ -258,7 +283,5 @@ class GroupCommitter:
 
 def _set_exception(future: Future[Any], exc: Exception) -> None:
     if not future.done():
-        try:
+        with contextlib.suppress(Exception):  # raced with another resolution
             future.set_exception(exc)
-        except Exception:  # raced with another resolution
-            pass

@@ -128,7 +128,9 @@ class ConsumeQueueStore:
         with self._lock:
             have = self._units.get(key, 0)
             if first_offset != have:
-                raise ValueError(f"ConsumeQueue {topic}/{queue_id} has {have} units, not {first_offset}")
+                raise ValueError(
+                    f"ConsumeQueue {topic}/{queue_id} has {have} units, not {first_offset}"
+                )
             fd = self._fd(key)
             os.pwrite(fd, units, have * UNIT_SIZE)
             self._units[key] = have + len(units) // UNIT_SIZE

@@ -20,11 +20,10 @@ from __future__ import annotations
 import logging
 import os
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import zlib
 
 import pysyncobj.syncobj as _syncobj_module
 import pysyncobj.tcp_connection as _tcp_connection_module
@@ -44,7 +43,7 @@ log = logging.getLogger(__name__)
 EXIT_STORE_FAULT = 70
 
 
-class _SyncedJournal(FileJournal):  # type: ignore[misc]
+class _SyncedJournal(FileJournal):
     """A file journal that msyncs every entry before pysyncobj acknowledges it."""
 
     def add(self, command: bytes, idx: int, term: int) -> None:
@@ -88,7 +87,7 @@ def _addr(hostport: str) -> tuple[str, int]:
     return host, int(port)
 
 
-class ReplicatedLog(SyncObj):  # type: ignore[misc]
+class ReplicatedLog(SyncObj):
     def __init__(
         self,
         config: RaftConfig,
@@ -127,7 +126,7 @@ class ReplicatedLog(SyncObj):  # type: ignore[misc]
             onStateChanged=on_state_changed,
         )
         _WireZlib.level = config.wire_compression_level
-        _tcp_connection_module.zlib = _WireZlib  # type: ignore[assignment]
+        _tcp_connection_module.zlib = _WireZlib
         synced = config.flush == "sync"
         # pysyncobj builds its journal through this module-level name; a synced journal is
         # the only way to have entries durable before they are acknowledged.
@@ -149,7 +148,12 @@ class ReplicatedLog(SyncObj):  # type: ignore[misc]
         "truncating already-applied log entries"). A follower that really misses entries
         answers with ``reset``, which still rewinds ``nextIndex`` as before.
         """
-        if isinstance(message, dict) and message.get("type") == "next_node_idx" and message.get("success") and not message.get("reset"):
+        if (
+            isinstance(message, dict)
+            and message.get("type") == "next_node_idx"
+            and message.get("success")
+            and not message.get("reset")
+        ):
             next_index = self._SyncObj__raftNextIndex
             before = next_index.get(node)
             super()._SyncObj__onMessageReceived(node, message)
@@ -204,7 +208,9 @@ class ReplicatedLog(SyncObj):  # type: ignore[misc]
         if not starting:
             # The fetch may have taken longer than an election timeout; without this the node
             # would start an election the moment it returns.
-            self._SyncObj__raftElectionDeadline = _pso_monotonic() + self._cfg.raft_max_timeout_ms / 1000
+            self._SyncObj__raftElectionDeadline = (
+                _pso_monotonic() + self._cfg.raft_max_timeout_ms / 1000
+            )
         raft = snap["raft"]
         assert isinstance(raft, dict)
         cluster = [TCPNode(n) for n in raft["cluster"]]
@@ -247,7 +253,9 @@ class ReplicatedLog(SyncObj):  # type: ignore[misc]
             "has_quorum": bool(st.get("has_quorum")),
             "log_len": st.get("log_len", 0),
             "match_index": {
-                k[len("match_idx_server_") :]: v for k, v in st.items() if k.startswith("match_idx_server_")
+                k[len("match_idx_server_") :]: v
+                for k, v in st.items()
+                if k.startswith("match_idx_server_")
             },
             "peers_connected": {
                 k[len("partner_node_status_server_") :]: v == 2

@@ -56,7 +56,9 @@ class NewMessage:
 
 
 class RaftLog:
-    def __init__(self, config: RaftConfig, *, clock: Clock | None = None, auto_create_topics: bool = True) -> None:
+    def __init__(
+        self, config: RaftConfig, *, clock: Clock | None = None, auto_create_topics: bool = True
+    ) -> None:
         self.config = config
         self.clock = clock or SystemClock()
         self.auto_create_topics = auto_create_topics
@@ -77,7 +79,9 @@ class RaftLog:
         self._last_ok = 0.0
         self._stop = threading.Event()
         host, port = _addr(config.fetch_address)
-        self.catchup = CatchupServer(host, port, self.store.commitlog, lambda: self.store.applied_length)
+        self.catchup = CatchupServer(
+            host, port, self.store.commitlog, lambda: self.store.applied_length
+        )
         self.machine = ReplicatedLog(config, self.store)
         self.machine.addOnTickCallback(self._first_tick)
         self.catchup.start()
@@ -90,7 +94,9 @@ class RaftLog:
             commit_timeout_ms=config.commit_timeout_ms,
             now_ms=self.clock.now_ms,
         )
-        self._watch = threading.Thread(target=self._watch_leadership, name="leadership", daemon=True)
+        self._watch = threading.Thread(
+            target=self._watch_leadership, name="leadership", daemon=True
+        )
         self._watch.start()
 
     def _first_tick(self) -> None:
@@ -152,7 +158,9 @@ class RaftLog:
                 term = self.machine.raftCurrentTerm
                 now = time.monotonic()
                 last_ok = max(self._last_ok, self.committer.last_commit_monotonic)
-                if self._leader_term is not None and (not leads or term != self._leader_term or now - last_ok > lease_s):
+                if self._leader_term is not None and (
+                    not leads or term != self._leader_term or now - last_ok > lease_s
+                ):
                     lost = self._leader_term
                     self._leader_term = None
                     self.committer.fail_all(NotLeader("leadership lost", self.leader_address()))
@@ -161,7 +169,9 @@ class RaftLog:
                     continue
                 # Confirm a new term, and keep the lease alive when nothing else commits.
                 stale = now - last_ok > lease_s / 3
-                if (self._leader_term is None or stale) and (not self._barrier_inflight or now - barrier_sent > lease_s):
+                if (self._leader_term is None or stale) and (
+                    not self._barrier_inflight or now - barrier_sent > lease_s
+                ):
                     barrier_sent = now
                     self._barrier(term)
             except Exception:
@@ -209,9 +219,15 @@ class RaftLog:
             else:
                 qid = m.queue_id
                 if not 0 <= qid < n:
-                    raise UnknownQueue(f"topic {m.topic} has queues 0..{n - 1}, not {qid}", f"messages[{i}].queue")
+                    raise UnknownQueue(
+                        f"topic {m.topic} has queues 0..{n - 1}, not {qid}", f"messages[{i}].queue"
+                    )
             props = dict(m.properties)
-            tags_code = m.tags_code if m.tags_code is not None else tags_hash(props.get(record.PROPERTY_TAGS))
+            tags_code = (
+                m.tags_code
+                if m.tags_code is not None
+                else tags_hash(props.get(record.PROPERTY_TAGS))
+            )
             try:
                 rec = record.encode(
                     topic=m.topic,
@@ -228,7 +244,9 @@ class RaftLog:
                     max_message_bytes=max_bytes,
                 )
             except InvalidInput as exc:
-                raise type(exc)(str(exc), f"messages[{i}].{exc.field}" if exc.field else None) from None
+                raise type(exc)(
+                    str(exc), f"messages[{i}].{exc.field}" if exc.field else None
+                ) from None
             if len(rec) > max_record:
                 # Apply could not place it, on any node.
                 raise MessageTooLarge(
@@ -293,7 +311,9 @@ class RaftLog:
         """``listener(result)`` runs on the Raft thread after every applied command."""
         self.store.listeners.append(listener)
 
-    def read(self, topic: str, queue_id: int, offset: int, max_messages: int) -> list[record.Message]:
+    def read(
+        self, topic: str, queue_id: int, offset: int, max_messages: int
+    ) -> list[record.Message]:
         return self.store.read_messages(topic, queue_id, offset, max_messages)
 
     def status(self) -> dict[str, Any]:

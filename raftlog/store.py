@@ -22,6 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -85,14 +86,18 @@ class Store:
         idempotency_window: int = DEFAULT_IDEMPOTENCY_WINDOW,
     ) -> None:
         self.data_dir = Path(data_dir)
-        self.commitlog = CommitLog(self.data_dir / "commitlog", segment_bytes=segment_bytes, flush=flush)
+        self.commitlog = CommitLog(
+            self.data_dir / "commitlog", segment_bytes=segment_bytes, flush=flush
+        )
         self.cqs = ConsumeQueueStore(self.data_dir / "consumequeue")
         self.idempotency_window = idempotency_window
         self.flush = flush
         # Replicated tables. Written only by apply/restore (the Raft thread); read anywhere.
         self.topics: dict[str, list[int]] = {}  # topic -> next queue offset per queue
         self.kv: dict[str, int | str] = {}
-        self.idem: OrderedDict[str, tuple[int, int, int]] = OrderedDict()  # key -> (phys, n, status)
+        self.idem: OrderedDict[str, tuple[int, int, int]] = (
+            OrderedDict()
+        )  # key -> (phys, n, status)
         self.chain = bytes(16)
         self.applied_index = 0
         self.applied_length = 0
@@ -105,7 +110,11 @@ class Store:
 
     def digest(self) -> dict[str, object]:
         """What replicas compare: equal ``length`` and ``chain`` mean equal CommitLog bytes."""
-        return {"index": self.applied_index, "length": self.applied_length, "chain": self.chain.hex()}
+        return {
+            "index": self.applied_index,
+            "length": self.applied_length,
+            "chain": self.chain.hex(),
+        }
 
     def queue_count(self, topic: str) -> int | None:
         queues = self.topics.get(topic)
@@ -124,8 +133,13 @@ class Store:
             return []
         return self.cqs.read(topic, queue_id, offset, max_units)
 
-    def read_messages(self, topic: str, queue_id: int, offset: int, max_units: int) -> list[record.Message]:
-        return [self.commitlog.read_message(u.commitlog_offset, u.size) for u in self.read_units(topic, queue_id, offset, max_units)]
+    def read_messages(
+        self, topic: str, queue_id: int, offset: int, max_units: int
+    ) -> list[record.Message]:
+        return [
+            self.commitlog.read_message(u.commitlog_offset, u.size)
+            for u in self.read_units(topic, queue_id, offset, max_units)
+        ]
 
     # ------------------------------------------------------------------ apply
 
@@ -198,7 +212,11 @@ class Store:
             keep.append((start_byte, start_byte + span_bytes))
             pending_idem.append((len(outcomes), batch.key, len(sizes) - len(span), len(span)))
             outcomes.append(None)
-        buf = bytearray(blob) if len(keep) == 1 and keep[0] == (0, len(blob)) else bytearray(b"".join(blob[a:b] for a, b in keep))
+        buf = (
+            bytearray(blob)
+            if len(keep) == 1 and keep[0] == (0, len(blob))
+            else bytearray(b"".join(blob[a:b] for a, b in keep))
+        )
         start_len = self.commitlog.length
         phys = self.commitlog.append_records(buf, sizes, qoffs) if sizes else []
         end_len = self.commitlog.length
@@ -207,29 +225,33 @@ class Store:
             grouped: dict[tuple[str, int], list[bytes]] = {}
             first: dict[tuple[str, int], int] = {}
             at = 0
-            for i, key in enumerate(cq_keys):
+            for i, qkey in enumerate(cq_keys):
                 tags_code = record.tags_code_at(buf, at)
-                grouped.setdefault(key, []).append(UNIT.pack(phys[i], sizes[i], tags_code))
-                first.setdefault(key, qoffs[i])
+                grouped.setdefault(qkey, []).append(UNIT.pack(phys[i], sizes[i], tags_code))
+                first.setdefault(qkey, qoffs[i])
                 at += sizes[i]
-            for key, units in grouped.items():
-                self.cqs.append(key[0], key[1], first[key], b"".join(units))
+            for qkey, units in grouped.items():
+                self.cqs.append(qkey[0], qkey[1], first[qkey], b"".join(units))
         # Outcomes of accepted batches, and their idempotency entries.
         buf_at = [0]
         for s in sizes[:-1]:
             buf_at.append(buf_at[-1] + s)
         want = self.want_results()
         for out_idx, key, first_i, count in pending_idem:
-            placed = () if not want else tuple(
-                Placed(
-                    record.msg_id_at(buf, buf_at[i]),
-                    cq_keys[i][0],
-                    cq_keys[i][1],
-                    qoffs[i],
-                    phys[i],
-                    sizes[i],
+            placed = (
+                ()
+                if not want
+                else tuple(
+                    Placed(
+                        record.msg_id_at(buf, buf_at[i]),
+                        cq_keys[i][0],
+                        cq_keys[i][1],
+                        qoffs[i],
+                        phys[i],
+                        sizes[i],
+                    )
+                    for i in range(first_i, first_i + count)
                 )
-                for i in range(first_i, first_i + count)
             )
             outcomes[out_idx] = BatchOutcome(key, OK, placed)
             self._remember(key, (phys[first_i] if count else 0, count, OK))
@@ -244,7 +266,14 @@ class Store:
             self.chain = h.digest()
         self.applied_length = end_len
         self.applied_index = index
-        result = ApplyResult(index, cmd.kind, cmd.propose_ms, tuple(o for o in outcomes if o is not None), end_len - start_len, len(sizes))
+        result = ApplyResult(
+            index,
+            cmd.kind,
+            cmd.propose_ms,
+            tuple(o for o in outcomes if o is not None),
+            end_len - start_len,
+            len(sizes),
+        )
         self._notify(result)
         return result
 
@@ -282,7 +311,9 @@ class Store:
         placed: list[Placed] = []
         for at, data in self.commitlog.iter_records(phys):
             msg = record.decode(data)
-            placed.append(Placed(msg.msg_id, msg.topic, msg.queue_id, msg.queue_offset, at, msg.size))
+            placed.append(
+                Placed(msg.msg_id, msg.topic, msg.queue_id, msg.queue_offset, at, msg.size)
+            )
             if len(placed) == count:
                 break
         return BatchOutcome(key, OK, tuple(placed), duplicate=True)
@@ -311,7 +342,10 @@ class Store:
                 "raft": raft,
             }
         )
-        return _SNAP_HEAD.pack(SNAPSHOT_MAGIC, len(payload), hashlib.sha256(payload).digest()) + payload
+        return (
+            _SNAP_HEAD.pack(SNAPSHOT_MAGIC, len(payload), hashlib.sha256(payload).digest())
+            + payload
+        )
 
     def _range_digest(self, start: int, end: int) -> str:
         h = hashlib.sha256()
@@ -320,7 +354,7 @@ class Store:
         return h.hexdigest()
 
     @staticmethod
-    def parse_snapshot(data: bytes) -> dict[str, object]:
+    def parse_snapshot(data: bytes) -> dict[str, Any]:
         """Check a snapshot's magic, length and hash; return its payload."""
         if len(data) < _SNAP_HEAD.size:
             raise StoreCorruption(f"snapshot is {len(data)} bytes, shorter than its header")
@@ -329,7 +363,9 @@ class Store:
             raise StoreCorruption("snapshot has a bad magic")
         payload = data[_SNAP_HEAD.size :]
         if len(payload) != length:
-            raise StoreCorruption(f"snapshot payload is {len(payload)} bytes, its header says {length}")
+            raise StoreCorruption(
+                f"snapshot payload is {len(payload)} bytes, its header says {length}"
+            )
         if hashlib.sha256(payload).digest() != digest:
             raise StoreCorruption("snapshot fails its hash")
         snap = orjson.loads(payload)
@@ -337,14 +373,14 @@ class Store:
             raise StoreCorruption(f"snapshot version {snap.get('v')} is not supported")
         return snap
 
-    def restore(self, snap: Mapping[str, object], fetch: Callable[[int, int], None]) -> None:
+    def restore(self, snap: Mapping[str, Any], fetch: Callable[[int, int], None]) -> None:
         """Make this store exactly the snapshot's state.
 
         The CommitLog is truncated to the snapshot's length, or the missing bytes are
         fetched by ``fetch(start, end)`` (which appends them). Then the tail digest is
         checked and ConsumeQueues are cut or rebuilt to match.
         """
-        length = int(snap["length"])  # type: ignore[call-overload]
+        length = int(snap["length"])
         if snap["segment_bytes"] != self.commitlog.segment_bytes:
             raise StoreCorruption(
                 f"snapshot was taken with commitlog_segment_bytes={snap['segment_bytes']}, "
@@ -354,21 +390,29 @@ class Store:
         if have > length:
             self.commitlog.truncate(length)
         elif have < length:
-            log.info("CommitLog is %d bytes, snapshot needs %d: fetching the rest from a peer", have, length)
+            log.info(
+                "CommitLog is %d bytes, snapshot needs %d: fetching the rest from a peer",
+                have,
+                length,
+            )
             fetch(have, length)
             if self.commitlog.length != length:
-                raise StoreCorruption(f"fetched CommitLog ends at {self.commitlog.length}, expected {length}")
-        tail_from = int(snap["tail_from"])  # type: ignore[call-overload]
+                raise StoreCorruption(
+                    f"fetched CommitLog ends at {self.commitlog.length}, expected {length}"
+                )
+        tail_from = int(snap["tail_from"])
         if self._range_digest(tail_from, length) != snap["tail_digest"]:
-            raise StoreCorruption("the CommitLog's last 64 KiB differ from the snapshot's: replica diverged")
-        topics = {t: list(q) for t, q in snap["topics"].items()}  # type: ignore[union-attr]
+            raise StoreCorruption(
+                "the CommitLog's last 64 KiB differ from the snapshot's: replica diverged"
+            )
+        topics = {t: list(q) for t, q in snap["topics"].items()}
         expected = {(t, i): n for t, qs in topics.items() for i, n in enumerate(qs)}
         self.cqs.repair(self.commitlog, expected)
         self.topics = topics
-        self.kv = dict(snap["kv"])  # type: ignore[call-overload]
-        self.idem = OrderedDict((k, (p, n, s)) for k, p, n, s in snap["idem"])  # type: ignore[union-attr]
+        self.kv = dict(snap["kv"])
+        self.idem = OrderedDict((k, (p, n, s)) for k, p, n, s in snap["idem"])
         self.chain = bytes.fromhex(str(snap["chain"]))
-        self.applied_index = int(snap["index"])  # type: ignore[call-overload]
+        self.applied_index = int(snap["index"])
         self.applied_length = length
 
     def reset(self) -> None:
@@ -391,6 +435,6 @@ def encode_entry(entry: tuple[bytes, int, int]) -> list[object]:
     return [base64.b64encode(entry[0]).decode(), entry[1], entry[2]]
 
 
-def decode_entry(data: Iterable[object]) -> tuple[bytes, int, int]:
+def decode_entry(data: Iterable[Any]) -> tuple[bytes, int, int]:
     cmd, idx, term = data
-    return base64.b64decode(str(cmd)), int(idx), int(term)  # type: ignore[call-overload]
+    return base64.b64decode(str(cmd)), int(idx), int(term)

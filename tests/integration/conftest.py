@@ -28,7 +28,11 @@ def free_port_base(nodes: int, rng: random.Random) -> tuple[int, int]:
     for _ in range(200):
         http = rng.randrange(20000, 30000)
         raft = rng.randrange(31000, 40000)
-        ports = [http + i for i in range(nodes)] + [raft + i for i in range(nodes)] + [raft + 1000 + i for i in range(nodes)]
+        ports = (
+            [http + i for i in range(nodes)]
+            + [raft + i for i in range(nodes)]
+            + [raft + 1000 + i for i in range(nodes)]
+        )
         if all(_bindable(p) for p in ports):
             return http, raft
     raise RuntimeError("no free port range found")
@@ -41,7 +45,13 @@ def make_cluster(tmp_path: Path) -> Iterator[Any]:
 
     def make(nodes: int = 3, **settings: Any) -> LocalCluster:
         http, raft = free_port_base(nodes, rng)
-        c = LocalCluster(nodes, tmp_path / f"cluster-{len(clusters)}", http_port=http, raft_port=raft, settings=settings)
+        c = LocalCluster(
+            nodes,
+            tmp_path / f"cluster-{len(clusters)}",
+            http_port=http,
+            raft_port=raft,
+            settings=settings,
+        )
         clusters.append(c)
         c.start()
         return c
@@ -56,5 +66,8 @@ def dump_logs(cluster: LocalCluster) -> str:
     for i in range(cluster.n):
         log = cluster.node_dir(i) / "node.log"
         if log.exists():
-            out.append(f"--- node {i} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-30:]))
+            out.append(
+                f"--- node {i} ---\n"
+                + "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+            )
     return "\n".join(out)

@@ -20,7 +20,15 @@ TOPIC = "orders"
 QUEUES = 4
 
 
-async def produce_until(client: Client, acked: dict[str, int], stop: asyncio.Event, *, batch: int = 200, total: int | None = None, seq: list[int] | None = None) -> None:
+async def produce_until(
+    client: Client,
+    acked: dict[str, int],
+    stop: asyncio.Event,
+    *,
+    batch: int = 200,
+    total: int | None = None,
+    seq: list[int] | None = None,
+) -> None:
     """Produce batches (each with its own idempotency key, reused on retry) until told to stop."""
     counter = seq if seq is not None else [0]
     while not stop.is_set() and (total is None or counter[0] < total):
@@ -47,7 +55,9 @@ async def stored_ids(cluster: LocalCluster, node: int) -> Counter[str]:
     return ids
 
 
-async def check_exactly_once(cluster: LocalCluster, acked: dict[str, int], nodes: list[int]) -> None:
+async def check_exactly_once(
+    cluster: LocalCluster, acked: dict[str, int], nodes: list[int]
+) -> None:
     for node in nodes:
         ids = await stored_ids(cluster, node)
         missing = [m for m in acked if ids[m] == 0]
@@ -66,7 +76,12 @@ def test_100k_messages_identical_on_all_nodes(make_cluster: Any) -> None:
             await client.create_topic(TOPIC, QUEUES)
             stop = asyncio.Event()
             seq = [0]
-            await asyncio.gather(*(produce_until(client, acked, stop, batch=500, total=100_000, seq=seq) for _ in range(8)))
+            await asyncio.gather(
+                *(
+                    produce_until(client, acked, stop, batch=500, total=100_000, seq=seq)
+                    for _ in range(8)
+                )
+            )
         return acked
 
     acked = asyncio.run(go())
@@ -85,7 +100,10 @@ def test_sigkill_leader_mid_stream_loses_nothing(make_cluster: Any) -> None:
         async with Client(cluster.urls, deadline_s=60) as client:
             await client.create_topic(TOPIC, QUEUES)
             stop = asyncio.Event()
-            tasks = [asyncio.create_task(produce_until(client, acked, stop, batch=100, seq=seq)) for seq in ([0], [10**7], [2 * 10**7], [3 * 10**7])]
+            tasks = [
+                asyncio.create_task(produce_until(client, acked, stop, batch=100, seq=seq))
+                for seq in ([0], [10**7], [2 * 10**7], [3 * 10**7])
+            ]
             deadline = time.monotonic() + 60
             while len(acked) < 20_000 and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
@@ -101,7 +119,9 @@ def test_sigkill_leader_mid_stream_loses_nothing(make_cluster: Any) -> None:
                 await asyncio.sleep(0.05)
             stop.set()
             await asyncio.gather(*tasks)
-            print(f"acked {len(acked)}; 20,000 more acknowledged {recovered_s:.2f} s after the kill")
+            print(
+                f"acked {len(acked)}; 20,000 more acknowledged {recovered_s:.2f} s after the kill"
+            )
         return acked
 
     acked = asyncio.run(go())
@@ -122,7 +142,9 @@ def test_follower_killed_then_wiped_catches_up(make_cluster: Any) -> None:
         acked: dict[str, int] = {}
         async with Client(cluster.urls, deadline_s=60) as client:
             await client.create_topic(TOPIC, QUEUES)
-            await produce_until(client, acked, asyncio.Event(), batch=200, total=start + n, seq=[start])
+            await produce_until(
+                client, acked, asyncio.Event(), batch=200, total=start + n, seq=[start]
+            )
         return acked
 
     acked = asyncio.run(produce(10_000, 0))
