@@ -272,6 +272,14 @@ class GroupCommitter:
                 _set_exception(b.future, ConditionFailed(o.detail))
             elif o.status == BAD_QUEUE:
                 _set_exception(b.future, UnknownQueue(o.detail, "queue"))
+            elif len(o.placed) != len(b.messages):
+                # Applied while this node was not leading (followers skip building results):
+                # the batch is stored, but its placements must come from a retry with the
+                # same key, which apply answers from the CommitLog.
+                _set_exception(
+                    b.future,
+                    CommitTimeout("committed while leadership changed; retry with the same key"),
+                )
             elif not b.future.done():
                 b.future.set_result(o)
         for listener in self.on_committed:

@@ -335,4 +335,14 @@ class RaftLog:
         self.committer.close()
         self.catchup.close()
         self.machine.destroy()
+        # destroy() only asks the tick thread to stop; until it has, it may still apply or
+        # snapshot into the store, so the store must not be closed under it.
+        deadline = time.monotonic() + 10
+        while self.machine.tick_thread_alive():
+            if time.monotonic() > deadline:
+                log.warning(
+                    "the Raft tick thread did not stop within 10 s; closing the store anyway"
+                )
+                break
+            time.sleep(0.005)
         self.store.close()

@@ -175,7 +175,9 @@ def test_flush_sync_cluster_survives_leader_kill(make_cluster: Any) -> None:
         acked: dict[str, int] = {}
         async with Client(cluster.urls, deadline_s=60) as client:
             await client.create_topic(TOPIC, QUEUES)
-            await produce_until(client, acked, asyncio.Event(), batch=100, total=start + n, seq=[start])
+            await produce_until(
+                client, acked, asyncio.Event(), batch=100, total=start + n, seq=[start]
+            )
         return acked
 
     acked = asyncio.run(produce(0, 5_000))
