@@ -272,7 +272,7 @@ class GroupCommitter:
                 _set_exception(b.future, ConditionFailed(o.detail))
             elif o.status == BAD_QUEUE:
                 _set_exception(b.future, UnknownQueue(o.detail, "queue"))
-            elif len(o.placed) != len(b.messages):
+            elif not o.duplicate and len(o.placed) != len(b.messages):
                 # Applied while this node was not leading (followers skip building results):
                 # the batch is stored, but its placements must come from a retry with the
                 # same key, which apply answers from the CommitLog.
