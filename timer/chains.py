@@ -1,0 +1,76 @@
+"""Slot chains: linking a TimerLog record into its wheel slot, and reading a slot's chains.
+
+Each slot heads two backward chains in the TimerLog: the main chain (messages to deliver and
+rolled messages to re-put) and the cancel chain (tombstones aimed at messages of this slot).
+Both are walked newest first by following ``prev_pos``.
+
+The planners read through the two small protocols below, so they can be driven by the real
+files or by in-memory fakes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Protocol
+
+from timer.errors import ChainBroken, TimerStateError
+from timer.timerlog import NO_POS, TimerLog, TimerRecord
+from timer.wheel import Slot, TimerWheel
+
+
+class SlotReader(Protocol):
+    def get(self, time_ms: int) -> Slot: ...
+
+
+class RecordReader(Protocol):
+    @property
+    def end_pos(self) -> int: ...
+
+    def read(self, pos: int) -> TimerRecord: ...
+
+    def iter_chain(
+        self, last_pos: int, *, stop_pos: int = NO_POS
+    ) -> Iterator[tuple[int, TimerRecord]]: ...
+
+
+def append_linked(log: TimerLog, wheel: TimerWheel, record: TimerRecord) -> int:
+    """Append ``record`` to the TimerLog as the newest of its slot's chain; return its position.
+
+    ``record.prev_pos`` is replaced by the chain's current head (main or cancel chain, as the
+    record's flags say). The TimerLog is written first, then the wheel, so a crash between
+    the two leaves a record the recovery scan links again (see :mod:`timer.checkpoint`).
+    """
+    if record.slot_ms != wheel.geometry.slot_ms(record.slot_ms):
+        raise TimerStateError(f"slot_ms {record.slot_ms} is not a slot time")
+    slot = wheel.get(record.slot_ms)
+    prev = slot.tomb_last_pos if record.in_tombstone_chain else slot.last_pos
+    pos = log.append(replace(record, prev_pos=prev))
+    wheel.put(record.slot_ms, pos, tombstone=record.in_tombstone_chain)
+    return pos
+
+
+def tombstone_keys(log: RecordReader, slot: Slot) -> frozenset[int]:
+    """Key hashes of the messages cancelled in ``slot`` (its whole cancel chain)."""
+    keys: set[int] = set()
+    for pos, record in log.iter_chain(slot.tomb_last_pos):
+        if not record.in_tombstone_chain or record.slot_ms != slot.slot_ms:
+            raise ChainBroken(
+                f"cancel chain of slot {slot.slot_ms} holds a record of slot {record.slot_ms}",
+                pos=pos,
+            )
+        keys.add(record.key_hash)
+    return frozenset(keys)
+
+
+def find_message(log: RecordReader, slot: Slot, key_hash: int) -> int | None:
+    """Position of the newest message (not a rolled copy) with ``key_hash`` in ``slot``."""
+    for pos, record in log.iter_chain(slot.last_pos):
+        if record.slot_ms != slot.slot_ms:
+            raise ChainBroken(
+                f"main chain of slot {slot.slot_ms} holds a record of slot {record.slot_ms}",
+                pos=pos,
+            )
+        if record.key_hash == key_hash and not record.is_rolled and not record.is_tombstone:
+            return pos
+    return None
