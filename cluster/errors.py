@@ -86,12 +86,6 @@ def from_exception(exc: BaseException, leader_url: str | None = None) -> ApiErro
 
 def _caller_error_types() -> tuple[type[BaseException], ...]:
     from schedule.errors import CallerError
+    from timer.errors import TimerCallerError
 
-    types: list[type[BaseException]] = [CallerError]
-    try:
-        from timer.errors import CallerError as TimerCallerError  # type: ignore[attr-defined]
-
-        types.append(TimerCallerError)
-    except ImportError:
-        pass
-    return tuple(types)
+    return (CallerError, TimerCallerError)
