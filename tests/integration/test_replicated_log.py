@@ -40,6 +40,17 @@ async def produce_until(
             acked[r["msg_id"]] = acked.get(r["msg_id"], 0) + 1
 
 
+async def produce_range(cluster: LocalCluster, start: int, n: int, batch: int) -> dict[str, int]:
+    """Produce ``n`` messages with keys from ``start`` through any node; return what was acked."""
+    acked: dict[str, int] = {}
+    async with Client(cluster.urls, deadline_s=60) as client:
+        await client.create_topic(TOPIC, QUEUES)
+        await produce_until(
+            client, acked, asyncio.Event(), batch=batch, total=start + n, seq=[start]
+        )
+    return acked
+
+
 async def stored_ids(cluster: LocalCluster, node: int) -> Counter[str]:
     ids: Counter[str] = Counter()
     async with Client([cluster.http_url(node)]) as client:
@@ -138,18 +149,11 @@ def test_follower_killed_then_wiped_catches_up(make_cluster: Any) -> None:
     leader = cluster.wait_leader(60)
     follower = next(i for i in range(3) if i != leader)
 
-    async def produce(n: int, start: int) -> dict[str, int]:
-        acked: dict[str, int] = {}
-        async with Client(cluster.urls, deadline_s=60) as client:
-            await client.create_topic(TOPIC, QUEUES)
-            await produce_until(
-                client, acked, asyncio.Event(), batch=200, total=start + n, seq=[start]
-            )
-        return acked
-
-    acked = asyncio.run(produce(10_000, 0))
+    acked = asyncio.run(produce_range(cluster, 0, 10_000, 200))
     cluster.kill(follower)
-    acked |= asyncio.run(produce(30_000, 10**6))  # enough commands for several snapshots
+    acked |= asyncio.run(
+        produce_range(cluster, 10**6, 30_000, 200)
+    )  # enough commands for several snapshots
     cluster.start(follower)
     try:
         cluster.wait_converged(120)
@@ -157,7 +161,7 @@ def test_follower_killed_then_wiped_catches_up(make_cluster: Any) -> None:
         # Wipe the follower: it rejoins empty, installs a thin snapshot, fetches the CommitLog.
         cluster.kill(follower)
         shutil.rmtree(cluster.node_dir(follower) / "data")
-        acked |= asyncio.run(produce(5_000, 2 * 10**6))
+        acked |= asyncio.run(produce_range(cluster, 2 * 10**6, 5_000, 200))
         cluster.start(follower)
         cluster.wait_converged(120)
         asyncio.run(check_exactly_once(cluster, acked, [follower]))
@@ -171,18 +175,9 @@ def test_flush_sync_cluster_survives_leader_kill(make_cluster: Any) -> None:
     cluster = make_cluster(3, flush="sync", log_compaction_min_entries=50)
     leader = cluster.wait_leader(60)
 
-    async def produce(start: int, n: int) -> dict[str, int]:
-        acked: dict[str, int] = {}
-        async with Client(cluster.urls, deadline_s=60) as client:
-            await client.create_topic(TOPIC, QUEUES)
-            await produce_until(
-                client, acked, asyncio.Event(), batch=100, total=start + n, seq=[start]
-            )
-        return acked
-
-    acked = asyncio.run(produce(0, 5_000))
+    acked = asyncio.run(produce_range(cluster, 0, 5_000, 100))
     cluster.kill(leader)
-    acked |= asyncio.run(produce(10**6, 5_000))
+    acked |= asyncio.run(produce_range(cluster, 10**6, 5_000, 100))
     cluster.start(leader)
     try:
         cluster.wait_converged(120)
