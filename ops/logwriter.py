@@ -1,0 +1,340 @@
+"""A log writer that never slows the broker.
+
+``write(record)`` only appends the record object to a bounded in-memory buffer and returns; a
+thread of the writer's own encodes the records with orjson and writes them as JSON lines to
+``<directory>/<node>/<type>-<seq>.jsonl``, one open file per record type, rotated when a file
+reaches ``rotate_bytes``. When the buffer is full the record is dropped and counted; the writer
+thread logs how many were dropped (and writes a ``log_drop`` event) at most once per flush
+interval. No I/O and no waiting happen on the caller's thread.
+
+Sampling keeps a fraction ``sample_rate`` of the latency and replication records, decided by a
+hash of the message id (latency) or of the Raft index (replication), so every node and every
+stage keeps the same messages and commands and the report can still join them. Events are never
+sampled.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import logging
+import os
+import re
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from ops.schema import (
+    EventRecord,
+    EventType,
+    LatencyRecord,
+    Record,
+    RecordType,
+    ReplicationRecord,
+    encode,
+)
+
+_log = logging.getLogger("chronomq.ops.logwriter")
+
+_SEQ_DIGITS = 6
+_DRAIN_BATCH = 4096
+
+
+def keep_sample(key: str | int, rate: float) -> bool:
+    """True if the item named ``key`` is in the sample of fraction ``rate`` (deterministic)."""
+    if rate >= 1.0:
+        return True
+    if rate <= 0.0:
+        return False
+    data = key.encode() if isinstance(key, str) else key.to_bytes(8, "little", signed=True)
+    return zlib.crc32(data) < rate * 0x1_0000_0000
+
+
+@dataclass(frozen=True, slots=True)
+class LogWriterConfig:
+    """Settings of one node's log writer. Invalid values raise ``ValueError`` naming the key."""
+
+    enabled: bool = True
+    sample_rate: float = 1.0
+    buffer_records: int = 65_536
+    rotate_bytes: int = 64 * 1024 * 1024
+    flush_interval_ms: int = 1_000
+    drain_interval_ms: int = 50
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.sample_rate <= 1.0:
+            raise ValueError(f"log sample_rate must be within 0..1, got {self.sample_rate}")
+        if self.buffer_records < 1:
+            raise ValueError(f"log buffer_records must be >= 1, got {self.buffer_records}")
+        if self.rotate_bytes < 1024:
+            raise ValueError(f"log rotate_bytes must be >= 1024, got {self.rotate_bytes}")
+        if self.flush_interval_ms < 1:
+            raise ValueError(f"log flush_interval_ms must be >= 1, got {self.flush_interval_ms}")
+        if not 1 <= self.drain_interval_ms <= self.flush_interval_ms:
+            raise ValueError(
+                "log drain_interval_ms must be within 1..flush_interval_ms, "
+                f"got {self.drain_interval_ms}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class WriterStats:
+    accepted: int
+    written: int
+    dropped: int
+    sampled_out: int
+    write_errors: int
+    files_opened: int
+
+
+class RotatingFile:
+    """``<directory>/<type>-<seq>.jsonl`` files of one record type, rotated by size.
+
+    Starts after the highest sequence number already present, so a restarted node never
+    appends to a file whose last line a crash may have torn.
+    """
+
+    def __init__(self, directory: Path, record_type: RecordType, rotate_bytes: int) -> None:
+        self._directory = directory
+        self._prefix = record_type.value
+        self._rotate_bytes = rotate_bytes
+        self._seq = self._last_seq()
+        self._file: io.BufferedWriter | None = None
+        self._size = 0
+        self.opened = 0
+
+    def _last_seq(self) -> int:
+        pattern = re.compile(rf"^{re.escape(self._prefix)}-(\d+)\.jsonl$")
+        seqs = [int(m.group(1)) for p in self._directory.iterdir() if (m := pattern.match(p.name))]
+        return max(seqs, default=0)
+
+    def path(self) -> Path:
+        return self._directory / f"{self._prefix}-{self._seq:0{_SEQ_DIGITS}d}.jsonl"
+
+    def _open_next(self) -> None:
+        self.close()
+        self._seq += 1
+        self._file = open(self.path(), "ab")  # noqa: SIM115 - kept open across batches
+        self._size = 0
+        self.opened += 1
+
+    def write(self, lines: list[bytes]) -> None:
+        """Append whole lines; a line never straddles two files."""
+        start = 0
+        while start < len(lines):
+            if self._file is None or (
+                self._size > 0 and self._size + len(lines[start]) > self._rotate_bytes
+            ):
+                self._open_next()
+            assert self._file is not None
+            room = self._rotate_bytes - self._size
+            end, taken = start, 0
+            # Lines that fit; a single line longer than a whole file goes alone into a new one.
+            while end < len(lines) and (
+                taken + len(lines[end]) <= room or (end == start and self._size == 0)
+            ):
+                taken += len(lines[end])
+                end += 1
+            self._file.write(b"".join(lines[start:end]))
+            self._size += taken
+            start = end
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class LogWriter:
+    """Background JSON-lines writer of one node. Start with :meth:`start`, end with :meth:`close`.
+
+    Thread-safe: any thread may call :meth:`write`. It is also a context manager.
+    """
+
+    def __init__(
+        self, directory: str | os.PathLike[str], node: str, config: LogWriterConfig | None = None
+    ) -> None:
+        if not node or "/" in node or node in (".", ".."):
+            raise ValueError(f"node must be a plain directory name, got {node!r}")
+        self.config = config or LogWriterConfig()
+        self.node = node
+        self.directory = Path(directory).absolute() / node
+        self._buffer: collections.deque[Record] = collections.deque()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._count_lock = threading.Lock()
+        self._accepted = 0
+        self._dropped = 0
+        self._sampled_out = 0
+        self._written = 0
+        self._write_errors = 0
+        self._drops_reported = 0
+        self._files: dict[RecordType, RotatingFile] = {}
+        self._high_water = max(1, self.config.buffer_records // 2)
+
+    # -- caller side: no I/O, no waiting ----------------------------------------------------
+
+    def write(self, record: Record) -> bool:
+        """Queue ``record``; False if it was switched off, sampled out or dropped (buffer full)."""
+        config = self.config
+        if not config.enabled or self._stopping:
+            return False
+        if config.sample_rate < 1.0:
+            if isinstance(record, LatencyRecord):
+                key: str | int | None = record.msg_id
+            elif isinstance(record, ReplicationRecord):
+                key = record.index
+            else:
+                key = None
+            if key is not None and not keep_sample(key, config.sample_rate):
+                with self._count_lock:
+                    self._sampled_out += 1
+                return False
+        buffer = self._buffer
+        size = len(buffer)
+        if size >= config.buffer_records:
+            with self._count_lock:
+                self._dropped += 1
+            return False
+        buffer.append(record)
+        with self._count_lock:
+            self._accepted += 1
+        if size + 1 >= self._high_water:
+            self._wake.set()
+        return True
+
+    def stats(self) -> WriterStats:
+        with self._count_lock:
+            return WriterStats(
+                accepted=self._accepted,
+                written=self._written,
+                dropped=self._dropped,
+                sampled_out=self._sampled_out,
+                write_errors=self._write_errors,
+                files_opened=sum(f.opened for f in self._files.values()),
+            )
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> LogWriter:
+        if self._thread is not None:
+            raise RuntimeError("log writer already started")
+        if self.config.enabled:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"logwriter-{self.node}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def close(self, timeout_s: float = 30.0) -> WriterStats:
+        """Stop accepting, write everything buffered, close the files. Returns final stats."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                _log.error("log writer %s did not drain within %.1f s", self.node, timeout_s)
+        return self.stats()
+
+    def __enter__(self) -> LogWriter:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writer thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        drain_s = self.config.drain_interval_ms / 1000
+        flush_s = self.config.flush_interval_ms / 1000
+        next_flush = time.monotonic() + flush_s
+        while True:
+            self._wake.wait(drain_s)
+            self._wake.clear()
+            stopping = self._stopping
+            self._drain()
+            now = time.monotonic()
+            if stopping or now >= next_flush:
+                self._report_drops()
+                self._flush()
+                next_flush = now + flush_s
+            if stopping:
+                break
+        for f in self._files.values():
+            try:
+                f.close()
+            except OSError as exc:
+                _log.error("log writer %s: closing %s failed: %s", self.node, f.path(), exc)
+
+    def _drain(self) -> None:
+        buffer = self._buffer
+        while buffer:
+            batch: dict[RecordType, list[bytes]] = {}
+            n = 0
+            while buffer and n < _DRAIN_BATCH:
+                record = buffer.popleft()
+                batch.setdefault(record.TYPE, []).append(encode(record))
+                n += 1
+            self._write_batch(batch, n)
+
+    def _write_batch(self, batch: dict[RecordType, list[bytes]], n: int) -> None:
+        written = 0
+        for record_type, lines in batch.items():
+            try:
+                file = self._files.get(record_type)
+                if file is None:
+                    self.directory.mkdir(parents=True, exist_ok=True)
+                    file = self._files[record_type] = RotatingFile(
+                        self.directory, record_type, self.config.rotate_bytes
+                    )
+                file.write(lines)
+                written += len(lines)
+            except OSError as exc:
+                with self._count_lock:
+                    self._write_errors += len(lines)
+                _log.error(
+                    "log writer %s: lost %d %s records: %s", self.node, len(lines), record_type, exc
+                )
+        with self._count_lock:
+            self._written += written
+
+    def _flush(self) -> None:
+        for f in self._files.values():
+            try:
+                f.flush()
+            except OSError as exc:
+                _log.error("log writer %s: flush of %s failed: %s", self.node, f.path(), exc)
+
+    def _report_drops(self) -> None:
+        with self._count_lock:
+            dropped = self._dropped
+        new = dropped - self._drops_reported
+        if new <= 0:
+            return
+        self._drops_reported = dropped
+        _log.warning(
+            "log writer %s: buffer full (%d records), dropped %d records (%d in total)",
+            self.node,
+            self.config.buffer_records,
+            new,
+            dropped,
+        )
+        event = EventRecord(
+            ts_ms=time.time_ns() // 1_000_000,
+            node=self.node,
+            type=EventType.LOG_DROP,
+            detail={"dropped": new, "dropped_total": dropped},
+        )
+        self._write_batch({RecordType.EVENTS: [encode(event)]}, 1)
