@@ -410,6 +410,12 @@ async def readyz(request: web.Request) -> web.Response:
     return json_response({"status": "ready", "leader": broker.node_id_of(leader)})
 
 
+async def openapi(request: web.Request) -> web.Response:
+    from cluster.openapi import spec
+
+    return json_response(spec())
+
+
 async def metrics(request: web.Request) -> web.Response:
     m = request.app[METRICS]
     m.refresh(request.app[BROKER])
@@ -436,6 +442,7 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/healthz", healthz)
     r.add_get("/readyz", readyz)
     r.add_get("/metrics", metrics)
+    r.add_get("/openapi.json", openapi)
 
 
 def create_app(broker: Broker) -> web.Application:

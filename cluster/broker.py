@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
+import contextlib
 import itertools
 import logging
 import time
@@ -73,9 +75,11 @@ class Broker:
         self._applied = asyncio.Event()
         self._waiters = 0
         self._rr: dict[str, itertools.count[int]] = {}
-        self.leader_since_ms: float | None = None
         self.last_election_ms: float | None = None
+        self.leader_changes: collections.deque[dict[str, Any]] = collections.deque(maxlen=100)
+        self._leader_seen: str | None = None
         self._leaderless_since: float | None = None
+        self._monitor: asyncio.Task[None] | None = None
         raftlog.add_apply_listener(self._on_apply)
 
     # ------------------------------------------------------------------ lifecycle
@@ -90,9 +94,46 @@ class Broker:
             else None,
         )
 
+        self._monitor = asyncio.create_task(self._watch_leader())
+
     async def stop(self) -> None:
+        if self._monitor is not None:
+            self._monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor
         if self.session is not None:
             await self.session.close()
+
+    async def _watch_leader(self) -> None:
+        """Note when this node loses sight of the leader and how long until it knows a new one."""
+        while True:
+            self.observe_leader(self.raftlog.leader_address(), time.monotonic())
+            await asyncio.sleep(0.01)
+
+    def observe_leader(self, leader: str | None, now: float) -> None:
+        seen = self._leader_seen
+        if leader == seen:
+            return
+        if seen is not None and self._leaderless_since is None:
+            self._leaderless_since = now
+        if leader is not None:
+            election_ms = None
+            if self._leaderless_since is not None:
+                election_ms = round((now - self._leaderless_since) * 1000, 1)
+                self.last_election_ms = election_ms
+            self._leaderless_since = None
+            self.leader_changes.append(
+                {
+                    "at_ms": self.raftlog.clock.now_ms(),
+                    "from": self.node_id_of(seen),
+                    "to": self.node_id_of(leader),
+                    "election_ms": election_ms,
+                }
+            )
+            log.info(
+                "leader is now node %s (election took %s ms)", self.node_id_of(leader), election_ms
+            )
+        self._leader_seen = leader
 
     # ------------------------------------------------------------------ waking consumers
 
@@ -383,6 +424,7 @@ class Broker:
             "queued_messages": st["queued_messages"],
             "inflight_commands": st["inflight_commands"],
             "last_election_ms": self.last_election_ms,
+            "leader_changes": list(self.leader_changes)[-5:],
             "reachable": True,
         }
 

@@ -1,0 +1,208 @@
+"""The OpenAPI description served at ``/openapi.json``.
+
+One entry per route; ``tests/cluster/test_openapi.py`` fails when a route is added or removed
+without this table following.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cluster.broker import VERSION
+
+_ERROR = {
+    "type": "object",
+    "required": ["error", "message", "field"],
+    "properties": {
+        "error": {"type": "string", "description": "machine-readable code"},
+        "message": {"type": "string"},
+        "field": {"type": ["string", "null"], "description": "the offending input, if any"},
+    },
+}
+_MESSAGE_IN = {
+    "type": "object",
+    "properties": {
+        "body": {"type": "string"},
+        "body_base64": {"type": "string", "description": "binary body; instead of body"},
+        "keys": {"type": "array", "items": {"type": "string"}},
+        "tags": {"type": "string"},
+        "properties": {"type": "object", "additionalProperties": {"type": "string"}},
+        "queue": {"type": "integer", "minimum": 0},
+        "delay_level": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "4.x delay level; above the maximum is clamped",
+        },
+        "delay_ms": {"type": "integer", "minimum": 0},
+        "deliver_at_ms": {"type": "integer", "minimum": 0},
+    },
+    "additionalProperties": False,
+}
+_MESSAGE_OUT = {
+    "type": "object",
+    "properties": {
+        k: {"type": t}
+        for k, t in {
+            "msg_id": "string",
+            "topic": "string",
+            "queue": "integer",
+            "offset": "integer",
+            "body": "string",
+            "body_base64": "string",
+            "tags": "string",
+            "born_ms": "integer",
+            "store_ms": "integer",
+            "reconsume_times": "integer",
+        }.items()
+    },
+}
+
+# (method, path): (summary, request schema or None, 200 response schema, query parameters)
+ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
+    ("POST", "/v1/topics/{topic}/messages"): (
+        "Produce messages (any node; followers forward to the leader). Optional Idempotency-Key header.",
+        {
+            "type": "object",
+            "required": ["messages"],
+            "properties": {"messages": {"type": "array", "items": _MESSAGE_IN}},
+        },
+        {
+            "type": "object",
+            "properties": {"results": {"type": "array"}, "duplicate": {"type": "boolean"}},
+        },
+        [],
+    ),
+    ("GET", "/v1/topics/{topic}/queues/{queue}/messages"): (
+        "Pull messages from a queue, long-polling up to wait_ms.",
+        None,
+        {
+            "type": "object",
+            "properties": {
+                "messages": {"type": "array", "items": _MESSAGE_OUT},
+                "next_offset": {"type": "integer"},
+            },
+        },
+        ["offset", "max", "wait_ms"],
+    ),
+    ("GET", "/v1/topics"): ("List topics.", None, {"type": "object"}, []),
+    ("GET", "/v1/topics/{topic}"): (
+        "Describe a topic: queues with min and max offsets.",
+        None,
+        {"type": "object"},
+        [],
+    ),
+    ("PUT", "/v1/topics/{topic}"): (
+        "Create a topic with a number of queues.",
+        {
+            "type": "object",
+            "properties": {"queues": {"type": "integer", "minimum": 1, "maximum": 1024}},
+        },
+        {"type": "object"},
+        [],
+    ),
+    ("PUT", "/v1/groups/{group}/offsets"): (
+        "Commit a consumer group's offset (replicated).",
+        {"type": "object", "required": ["topic", "queue", "offset"]},
+        {"type": "object"},
+        [],
+    ),
+    ("GET", "/v1/groups/{group}/offsets"): (
+        "A consumer group's committed offsets.",
+        None,
+        {"type": "object"},
+        ["topic"],
+    ),
+    ("GET", "/v1/admin/node"): (
+        "This node's role, term, indexes, digest and version.",
+        None,
+        {"type": "object"},
+        [],
+    ),
+    ("GET", "/v1/admin/cluster"): (
+        "The cluster view aggregated from every node.",
+        None,
+        {"type": "object"},
+        [],
+    ),
+    ("GET", "/v1/admin/digest"): (
+        "CommitLog length and hash chain, to compare replicas.",
+        None,
+        {"type": "object"},
+        [],
+    ),
+    ("GET", "/v1/admin/config"): (
+        "The effective config (secrets masked) and the runtime keys.",
+        None,
+        {"type": "object"},
+        [],
+    ),
+    ("PATCH", "/v1/admin/config"): (
+        "Change runtime config keys.",
+        {"type": "object"},
+        {"type": "object"},
+        [],
+    ),
+    ("POST", "/v1/admin/leadership/transfer"): (
+        "Ask the leader to hand leadership to node `to` (or any).",
+        {"type": "object", "properties": {"to": {"type": "integer"}}},
+        {"type": "object"},
+        [],
+    ),
+    ("GET", "/healthz"): ("200 while the process serves.", None, {"type": "object"}, []),
+    ("GET", "/readyz"): (
+        "200 once the node knows a leader, else 503.",
+        None,
+        {"type": "object"},
+        [],
+    ),
+    ("GET", "/metrics"): ("Prometheus metrics.", None, {"type": "string"}, []),
+    ("GET", "/openapi.json"): ("This description.", None, {"type": "object"}, []),
+}
+
+
+def spec() -> dict[str, Any]:
+    paths: dict[str, Any] = {}
+    for (method, path), (summary, request, response, query) in ROUTES.items():
+        op: dict[str, Any] = {
+            "summary": summary,
+            "parameters": [
+                {"name": name[1:-1], "in": "path", "required": True, "schema": {"type": "string"}}
+                for name in path.split("/")
+                if name.startswith("{")
+            ]
+            + [
+                {
+                    "name": q,
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "integer" if q != "topic" else "string"},
+                }
+                for q in query
+            ],
+            "responses": {
+                "200": {"description": "OK", "content": {"application/json": {"schema": response}}},
+                "4XX": {
+                    "description": "caller error",
+                    "content": {"application/json": {"schema": _ERROR}},
+                },
+                "5XX": {
+                    "description": "no leader, timeout or internal error",
+                    "content": {"application/json": {"schema": _ERROR}},
+                },
+            },
+        }
+        if request is not None:
+            op["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": request}},
+            }
+        paths.setdefault(path, {})[method.lower()] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "chronomq",
+            "version": VERSION,
+            "description": "Delayed and scheduled messages on a Raft-replicated log.",
+        },
+        "paths": paths,
+    }

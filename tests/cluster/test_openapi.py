@@ -1,0 +1,34 @@
+"""/openapi.json describes exactly the routes the app serves."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from cluster.api import add_routes
+from cluster.openapi import ROUTES, spec
+
+
+def served_routes() -> set[tuple[str, str]]:
+    app = web.Application()
+    add_routes(app)
+    out = set()
+    for route in app.router.routes():
+        if route.method == "HEAD":
+            continue
+        info = route.resource.get_info() if route.resource else {}
+        path = info.get("path") or info.get("formatter")
+        out.add((route.method, path))
+    return out
+
+
+def test_spec_lists_every_route_and_nothing_else() -> None:
+    assert set(ROUTES) == served_routes()
+
+
+def test_spec_is_openapi_with_errors_on_every_operation() -> None:
+    doc = spec()
+    assert doc["openapi"].startswith("3.")
+    ops = [op for item in doc["paths"].values() for op in item.values()]
+    assert len(ops) == len(ROUTES)
+    for op in ops:
+        assert "4XX" in op["responses"] and op["summary"]

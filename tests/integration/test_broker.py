@@ -1,0 +1,165 @@
+"""The broker over HTTP with 3 real node processes: forwarding, reads anywhere, failover."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+
+from cluster.client import Client
+from cluster.launcher import LocalCluster
+from tests.integration.conftest import dump_logs
+
+pytestmark = pytest.mark.integration
+
+
+def followers(cluster: LocalCluster, leader: int) -> list[int]:
+    return [i for i in range(cluster.n) if i != leader and cluster.alive(i)]
+
+
+async def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = await predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"{what} not within {timeout_s} s")
+
+
+def test_produce_through_follower_and_pull_anywhere(make_cluster: Any) -> None:
+    cluster = make_cluster(3)
+    leader = cluster.wait_leader(60)
+    follower = followers(cluster, leader)[0]
+
+    async def go() -> None:
+        async with aiohttp.ClientSession() as s:
+            url = f"{cluster.http_url(follower)}/v1/topics/greetings/messages"
+            async with s.post(
+                url, json={"messages": [{"body": "hello", "tags": "t", "keys": ["k1"]}]}
+            ) as r:
+                assert r.status == 200, await r.text()
+                assert r.headers["X-Chronomq-Leader"] == cluster.http_url(leader)
+                result = (await r.json())["results"][0]
+        async with Client(cluster.urls) as client:
+            for i in range(3):
+
+                async def visible(i: int = i) -> bool:
+                    try:
+                        page = await client.pull(
+                            "greetings", result["queue"], 0, 10, url=cluster.http_url(i)
+                        )
+                    except Exception:
+                        return False
+                    return any(m["msg_id"] == result["msg_id"] for m in page["messages"])
+
+                await wait_for(visible, 10, f"message on node {i}")
+            # Long-poll: a pull waiting on a follower wakes when a new message is applied.
+            waiter = asyncio.create_task(
+                client.pull(
+                    "greetings",
+                    result["queue"],
+                    1,
+                    10,
+                    wait_ms=10_000,
+                    url=cluster.http_url(follower),
+                )
+            )
+            await asyncio.sleep(0.2)
+            await client.produce("greetings", [{"body": "second", "queue": result["queue"]}])
+            page = await waiter
+            assert [m["body"] for m in page["messages"]] == ["second"]
+
+    asyncio.run(go())
+
+
+def test_cluster_view_is_the_same_from_every_node(make_cluster: Any) -> None:
+    cluster = make_cluster(3)
+    leader = cluster.wait_leader(60)
+
+    async def go() -> None:
+        async with Client(cluster.urls) as client:
+            views = [await client.cluster(url=u) for u in cluster.urls]
+        for v in views:
+            assert v["leader"] == leader
+            assert [(n["id"], n["role"], n["reachable"]) for n in v["nodes"]] == [
+                (n["id"], n["role"], n["reachable"]) for n in views[0]["nodes"]
+            ]
+            assert {n["term"] for n in v["nodes"]} == {views[0]["term"]}
+
+    asyncio.run(go())
+
+
+def test_offsets_survive_failover_and_writes_resume_after_sigkill(make_cluster: Any) -> None:
+    cluster = make_cluster(3)
+    leader = cluster.wait_leader(60)
+
+    async def go() -> None:
+        async with Client(cluster.urls, deadline_s=30) as client:
+            await client.create_topic("jobs", 2)
+            await client.produce("jobs", [{"body": f"j{i}", "queue": i % 2} for i in range(10)])
+            await client.commit_offset("workers", "jobs", 0, 3)
+            await client.commit_offset("workers", "jobs", 1, 5)
+            t_kill = time.monotonic()
+            await asyncio.to_thread(cluster.kill, leader)
+            await client.produce("jobs", [{"body": "after the kill"}])
+            took = time.monotonic() - t_kill
+            print(f"a new leader accepted a write {took:.2f} s after SIGKILL of the leader")
+            for i in followers(cluster, leader):
+                offsets = await client.offsets("workers", "jobs", url=cluster.http_url(i))
+                assert [(o["queue"], o["offset"]) for o in offsets] == [(0, 3), (1, 5)]
+        new_leader = cluster.wait_leader(30, among=followers(cluster, leader))
+        status = subprocess.run(
+            [sys.executable, "-m", "cluster", "status", "--url", cluster.http_url(new_leader)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert status.returncode == 0, status.stderr
+        assert "LAST_ELECTION_MS" in status.stdout
+        async with Client([cluster.http_url(new_leader)]) as node:
+            st = await node.node(cluster.http_url(new_leader))
+        assert st["last_election_ms"] is not None and st["last_election_ms"] >= 0
+
+    try:
+        asyncio.run(go())
+    except Exception:
+        print(dump_logs(cluster))
+        raise
+
+
+def test_every_admin_endpoint_answers(make_cluster: Any) -> None:
+    cluster = make_cluster(3)
+    cluster.wait_leader(60)
+
+    async def go() -> None:
+        async with aiohttp.ClientSession() as s:
+            for path in (
+                "/v1/admin/node",
+                "/v1/admin/cluster",
+                "/v1/admin/digest",
+                "/v1/admin/config",
+                "/healthz",
+                "/readyz",
+                "/metrics",
+                "/openapi.json",
+                "/v1/topics",
+            ):
+                for url in cluster.urls:
+                    async with s.get(url + path) as r:
+                        assert r.status == 200, (url, path, await r.text())
+            async with s.get(cluster.urls[0] + "/metrics") as r:
+                assert "chronomq_raft_term" in await r.text()
+            async with s.patch(
+                cluster.urls[1] + "/v1/admin/config", json={"log_level": "debug"}
+            ) as r:
+                assert r.status == 200
+            async with s.patch(cluster.urls[1] + "/v1/admin/config", json={"flush": "sync"}) as r:
+                assert r.status == 409 and (await r.json())["field"] == "flush"
+
+    asyncio.run(go())
