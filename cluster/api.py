@@ -398,6 +398,38 @@ async def leadership_transfer(request: web.Request) -> web.Response:
     return json_response({"status": "transferring", "to": target}, status=202)
 
 
+async def add_member(request: web.Request) -> web.Response:
+    forwarded = await forward_to_leader(request)
+    if forwarded is not None:
+        return forwarded
+    from cluster.config import Peer
+
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise bad_request("the body must be an object with id, raft and http", "body")
+    pid, raft, http = body.get("id"), body.get("raft"), body.get("http")
+    if not isinstance(pid, int) or isinstance(pid, bool) or not 0 <= pid <= 1023:
+        raise bad_request("id must be an integer 0..1023", "id")
+    if not isinstance(raft, str) or ":" not in raft or not raft.rpartition(":")[2].isdigit():
+        raise bad_request("raft must be host:port", "raft")
+    if not isinstance(http, str) or not http.startswith(("http://", "https://")):
+        raise bad_request("http must be a URL", "http")
+    host, _, port = raft.rpartition(":")
+    fetch = body.get("fetch") or f"{host}:{int(port) + 1000}"
+    if not isinstance(fetch, str) or ":" not in fetch:
+        raise bad_request("fetch must be host:port", "fetch")
+    await request.app[BROKER].add_member(Peer(pid, raft, http.rstrip("/"), fetch))
+    return json_response({"status": "added", "id": pid}, status=201)
+
+
+async def remove_member(request: web.Request) -> web.Response:
+    forwarded = await forward_to_leader(request)
+    if forwarded is not None:
+        return forwarded
+    await request.app[BROKER].remove_member(path_int(request, "id"))
+    return json_response({"status": "removed", "id": int(request.match_info["id"])})
+
+
 async def healthz(request: web.Request) -> web.Response:
     return json_response({"status": "ok"})
 
@@ -439,6 +471,8 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/v1/admin/config", admin_config)
     r.add_patch("/v1/admin/config", admin_config_patch)
     r.add_post("/v1/admin/leadership/transfer", leadership_transfer)
+    r.add_post("/v1/admin/members", add_member)
+    r.add_delete("/v1/admin/members/{id}", remove_member)
     r.add_get("/healthz", healthz)
     r.add_get("/readyz", readyz)
     r.add_get("/metrics", metrics)

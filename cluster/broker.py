@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from cluster.config import NodeConfig
+from cluster.config import NodeConfig, Peer
 from cluster.errors import ApiError, bad_request
 from raftlog import record
 from raftlog.node import NewMessage, RaftLog
@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
 GROUP_OFFSET_PREFIX = "go/"
+MEMBER_PREFIX = "member/"
+REMOVED = "removed"
 _DELAY_FIELDS = ("delay_level", "delay_ms", "deliver_at_ms")
 
 
@@ -157,12 +159,29 @@ class Broker:
 
     # ------------------------------------------------------------------ leader and peers
 
+    def peers(self) -> list[Peer]:
+        """The other members: the config's, changed by members added or removed at runtime.
+
+        Runtime changes are replicated as ``member/<id>`` entries, so every node agrees.
+        """
+        peers = {p.id: p for p in self.config.peers}
+        for key, value in list(self.raftlog.store.kv.items()):
+            if not key.startswith(MEMBER_PREFIX):
+                continue
+            pid = int(key[len(MEMBER_PREFIX) :])
+            if value == REMOVED:
+                peers.pop(pid, None)
+            elif pid != self.config.node_id and isinstance(value, str):
+                raft, http, fetch = value.split(" ")
+                peers[pid] = Peer(pid, raft, http, fetch)
+        return sorted(peers.values(), key=lambda p: p.id)
+
     def peer_http(self, raft_address: str | None) -> str | None:
         if raft_address is None:
             return None
         if raft_address == self.config.raft_address:
             return self.config.http_url
-        for p in self.config.peers:
+        for p in self.peers():
             if p.raft == raft_address:
                 return p.http
         return None
@@ -173,7 +192,7 @@ class Broker:
     def node_id_of(self, raft_address: str | None) -> int | None:
         if raft_address == self.config.raft_address:
             return int(self.config.node_id)
-        for p in self.config.peers:
+        for p in self.peers():
             if p.raft == raft_address:
                 return p.id
         return None
@@ -399,6 +418,31 @@ class Broker:
     async def commit_offset(self, group: str, topic: str, queue: int, offset: int) -> None:
         await self.commit(self.raftlog.update({group_offset_key(group, topic, queue): offset}))
 
+    # ------------------------------------------------------------------ membership
+
+    async def add_member(self, peer: Peer) -> None:
+        if peer.id == self.config.node_id or any(p.id == peer.id for p in self.peers()):
+            raise ApiError(409, "member_exists", f"node {peer.id} is already a member", "id")
+        await asyncio.wait_for(
+            asyncio.wrap_future(self.raftlog.change_membership("add", peer.raft)), 30
+        )
+        await self.commit(
+            self.raftlog.update(
+                {f"{MEMBER_PREFIX}{peer.id}": f"{peer.raft} {peer.http} {peer.fetch}"}
+            )
+        )
+
+    async def remove_member(self, node_id: int) -> None:
+        peer = next((p for p in self.peers() if p.id == node_id), None)
+        if peer is None:
+            raise ApiError(
+                404, "unknown_member", f"node {node_id} is not a member (or is this node)", "id"
+            )
+        await asyncio.wait_for(
+            asyncio.wrap_future(self.raftlog.change_membership("remove", peer.raft)), 30
+        )
+        await self.commit(self.raftlog.update({f"{MEMBER_PREFIX}{node_id}": REMOVED}))
+
     # ------------------------------------------------------------------ status
 
     def node_status(self) -> dict[str, Any]:
@@ -442,7 +486,7 @@ class Broker:
         return None
 
     async def cluster_view(self) -> dict[str, Any]:
-        peers = list(self.config.peers)
+        peers = self.peers()
         remote = await asyncio.gather(*(self.peer_status(p.http) for p in peers))
         nodes = [self.node_status()]
         for p, st in zip(peers, remote, strict=True):

@@ -40,7 +40,9 @@ class LocalCluster:
         settings: Mapping[str, Any] | None = None,
         node_settings: Mapping[int, Mapping[str, Any]] | None = None,
         env: Mapping[str, str] | None = None,
+        initial: int | None = None,
     ) -> None:
+        """``initial``: how many nodes form the cluster; later ones are configured to join it."""
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
         self.n = nodes
@@ -50,6 +52,7 @@ class LocalCluster:
         self.settings = dict(settings or {})
         self.node_settings = {i: dict(s) for i, s in (node_settings or {}).items()}
         self.env = dict(env or {})
+        self.initial = nodes if initial is None else initial
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self._logs: dict[int, Any] = {}
 
@@ -73,7 +76,7 @@ class LocalCluster:
                 "http": self.http_url(j),
                 "fetch": f"{HOST}:{self.raft_port + j + 1000}",
             }
-            for j in range(self.n)
+            for j in range(self.n if i >= self.initial else self.initial)
             if j != i
         ]
         values: dict[str, Any] = {
@@ -108,7 +111,7 @@ class LocalCluster:
     def start(self, i: int | None = None) -> None:
         if i is None:
             self.write_configs()
-            for j in range(self.n):
+            for j in range(self.initial):
                 self.start(j)
             return
         if i in self.procs and self.procs[i].poll() is None:
@@ -181,7 +184,7 @@ class LocalCluster:
     def leader(self, among: list[int] | None = None) -> int | None:
         """The node that is confirmed leader, if exactly one claims it."""
         leaders = []
-        for i in among if among is not None else range(self.n):
+        for i in among if among is not None else [j for j in range(self.n) if j in self.procs]:
             if not self.alive(i):
                 continue
             st = self.node_status(i)

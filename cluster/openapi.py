@@ -148,6 +148,13 @@ ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
         {"type": "object"},
         [],
     ),
+    ("POST", "/v1/admin/members"): (
+        "Add a member: id, raft (host:port), http (URL), optional fetch (host:port).",
+        {"type": "object", "required": ["id", "raft", "http"]},
+        {"type": "object"},
+        [],
+    ),
+    ("DELETE", "/v1/admin/members/{id}"): ("Remove a member.", None, {"type": "object"}, []),
     ("GET", "/healthz"): ("200 while the process serves.", None, {"type": "object"}, []),
     ("GET", "/readyz"): (
         "200 once the node knows a leader, else 503.",

@@ -305,6 +305,31 @@ class RaftLog:
             raise InvalidInput("queues must be between 1 and 1024", "queues")
         return self.append((), creates={topic: queues})
 
+    # ------------------------------------------------------------------ membership
+
+    def change_membership(self, action: str, raft_address: str) -> Future[None]:
+        """Add (``"add"``) or remove (``"remove"``) a Raft member; resolves when committed."""
+        self._check_leader()
+        fut: Future[None] = Future()
+
+        def done(_res: Any, err: int) -> None:
+            if fut.done():
+                return
+            if err == 0:
+                fut.set_result(None)
+            else:
+                fut.set_exception(
+                    NotLeader(f"membership change failed (reason {err})", self.leader_address())
+                )
+
+        if action == "add":
+            self.machine.addNodeToCluster(raft_address, callback=done)
+        elif action == "remove":
+            self.machine.removeNodeFromCluster(raft_address, callback=done)
+        else:
+            raise InvalidInput(f"unknown membership action {action!r}", "action")
+        return fut
+
     # ------------------------------------------------------------------ reads
 
     def add_apply_listener(self, listener: Callable[[ApplyResult], None]) -> None:

@@ -71,3 +71,27 @@ def dump_logs(cluster: LocalCluster) -> str:
                 + "\n".join(log.read_text(errors="replace").splitlines()[-30:])
             )
     return "\n".join(out)
+
+
+@pytest.fixture
+def make_joinable_cluster(tmp_path: Path) -> Iterator[Any]:
+    """A cluster of ``initial`` running nodes plus nodes configured to join it later."""
+    clusters: list[LocalCluster] = []
+
+    def make(nodes: int, initial: int, **settings: Any) -> LocalCluster:
+        http, raft = free_port_base(nodes, random.Random())
+        c = LocalCluster(
+            nodes,
+            tmp_path / "joinable",
+            http_port=http,
+            raft_port=raft,
+            settings=settings,
+            initial=initial,
+        )
+        clusters.append(c)
+        c.start()
+        return c
+
+    yield make
+    for c in clusters:
+        c.stop()
