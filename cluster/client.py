@@ -106,7 +106,7 @@ class Client:
                 if write and self._leader == base:
                     self._leader = None
             attempt += 1
-            backoff = min(0.05 * 2**attempt, 1.0) * (0.5 + random.random())
+            backoff = min(0.025 * 2**attempt, 0.25) * (0.5 + random.random())
             if time.monotonic() + backoff > deadline:
                 if isinstance(last_error, ClientError):
                     raise last_error
