@@ -163,3 +163,30 @@ def test_every_admin_endpoint_answers(make_cluster: Any) -> None:
                 assert r.status == 409 and (await r.json())["field"] == "flush"
 
     asyncio.run(go())
+
+
+def test_batching_producer_and_consumer_resume_from_committed_offset(make_cluster: Any) -> None:
+    from cluster.client import BatchingProducer, Consumer
+
+    cluster = make_cluster(3)
+    cluster.wait_leader(60)
+
+    async def go() -> None:
+        async with Client(cluster.urls) as client:
+            await client.create_topic("feed", 1)
+            producer = BatchingProducer(client, "feed", max_batch=100, linger_ms=5)
+            results = await asyncio.gather(*(producer.send({"body": f"e{i}"}) for i in range(250)))
+            await producer.flush()
+            assert sorted(r["offset"] for r in results) == list(range(250))
+            first = Consumer(client, "readers", "feed", 0)
+            got: list[str] = []
+            while len(got) < 120:
+                got += [m["body"] for m in await first.poll(max_messages=40, wait_ms=1000)]
+            await first.commit()
+            second = Consumer(client, "readers", "feed", 0)
+            rest = await second.poll(max_messages=1000, wait_ms=1000)
+            # Two batches may be in flight at once, so order across batches is not fixed.
+            assert [m["offset"] for m in rest] == list(range(len(got), 250))
+            assert sorted(got + [m["body"] for m in rest]) == sorted(f"e{i}" for i in range(250))
+
+    asyncio.run(go())
