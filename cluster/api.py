@@ -101,6 +101,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return ApiError(exc.status, code, message).response()
     except ConfigError as exc:
         return ApiError(400, "invalid_config", str(exc), exc.key).response()
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
+        # The client went away mid-request: nothing to answer, nothing to alarm anyone.
+        log.debug("client disconnected during %s %s: %s", request.method, request.path, exc)
+        raise
     except Exception as exc:
         broker = request.app[BROKER]
         api = from_exception(exc, broker.leader_url())
@@ -180,7 +184,7 @@ def int_param(request: web.Request, name: str, default: int | None, lo: int, hi:
 
 def path_int(request: web.Request, name: str) -> int:
     raw = request.match_info[name]
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
         raise bad_request(f"{name} must be a non-negative integer, got {raw!r}", name)
     return int(raw)
 
@@ -321,6 +325,11 @@ async def put_offset(request: web.Request) -> web.Response:
 
 
 async def get_offsets(request: web.Request) -> web.Response:
+    # Offsets are read where they are written: a follower may not have applied the latest
+    # commit, and a consumer resuming from a stale offset would see messages twice.
+    forwarded = await forward_to_leader(request)
+    if forwarded is not None:
+        return forwarded
     broker = request.app[BROKER]
     group = request.match_info["group"]
     return json_response(
@@ -387,11 +396,13 @@ async def leadership_transfer(request: web.Request) -> web.Response:
         if forwarded is not None:
             return forwarded
     body = await read_json(request) if request.can_read_body else {}
-    target = body.get("to") if isinstance(body, dict) else None
+    if not isinstance(body, dict):
+        raise bad_request('the body must be an object, e.g. {"to": 1}', "body")
+    target = body.get("to")
     node = None
     if target is not None:
         peer = next((p for p in broker.config.peers if p.id == target), None)
-        if peer is None:
+        if peer is None or type(target) is not int:  # True == 1 and 1.0 == 1 are not ids
             raise bad_request(f"no peer with id {target!r}", "to")
         node = peer.raft
     broker.raftlog.machine.transferLeadership(node)

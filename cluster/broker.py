@@ -27,7 +27,7 @@ from raftlog import record
 from raftlog.node import NewMessage, RaftLog
 from raftlog.store import ApplyResult, BatchOutcome
 from schedule import rewrite
-from schedule.levels import DelayLevelTable
+from schedule.levels import SCHEDULE_TOPIC, DelayLevelTable
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ class Broker:
                     f"unknown field {sorted(unknown)[0]!r}", f"{f}.{sorted(unknown)[0]}"
                 )
             body = self._body(m, f)
-            props = m.get("properties") or {}
+            props = {} if m.get("properties") is None else m["properties"]
             if not isinstance(props, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in props.items()
             ):
@@ -276,6 +276,16 @@ class Broker:
                 if not isinstance(level, int) or isinstance(level, bool):
                     raise bad_request("delay_level must be an integer", f"{f}.delay_level")
                 qid = queue if queue is not None else self._next_queue(topic)
+                real_queues = (
+                    self.raftlog.store.queue_count(topic) or self.config.default_topic_queues
+                )
+                if qid >= real_queues:
+                    raise ApiError(
+                        400,
+                        "unknown_queue",
+                        f"topic {topic} has queues 0..{real_queues - 1}, not {qid}",
+                        f"{f}.queue",
+                    )
                 try:
                     placed = rewrite.place(topic, qid, level, props, self.levels)
                 except ApiError:
@@ -353,6 +363,10 @@ class Broker:
         creates = {}
         if self.config.auto_create_topic and self.raftlog.store.queue_count(topic) is None:
             creates[topic] = self.config.default_topic_queues
+        if self.raftlog.store.queue_count(SCHEDULE_TOPIC) is None and any(
+            m.topic == SCHEDULE_TOPIC for m in messages
+        ):
+            creates[SCHEDULE_TOPIC] = self.levels.max_level  # queue n-1 holds level n
         fut = self.raftlog.append(messages, key=key, creates=creates or None, store_ms=store_ms)
         outcome = await self.commit(fut)
         results = []

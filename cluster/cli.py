@@ -88,6 +88,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             if not announced:
                 try:
                     leader = cluster.wait_leader(timeout_s=0.5)
+                    cluster.wait_all_know_leader(timeout_s=30)
                     print(
                         f"ready  leader node {leader} ({time.monotonic() - t0:.1f} s)", flush=True
                     )

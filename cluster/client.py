@@ -98,7 +98,7 @@ class Client:
                         return body
                     if isinstance(body, dict) and body.get("leader"):
                         self._leader = body["leader"]
-                    if r.status not in RETRYABLE or url is not None:
+                    if r.status not in RETRYABLE:
                         raise ClientError(r.status, body)
                     last_error = ClientError(r.status, body)
             except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:

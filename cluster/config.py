@@ -382,6 +382,8 @@ def _coerce(key: Key, value: Any, from_env: bool) -> Any:  # noqa: C901
     if t is int and isinstance(value, bool) or not isinstance(value, t):
         raise ConfigError(key.name, f"must be {t.__name__}, got {type(value).__name__} {value!r}")
     number: Any = value
+    if t is float and number != number:  # NaN passes every comparison
+        raise ConfigError(key.name, "must be a number, got NaN")
     if key.min is not None and number < key.min:
         raise ConfigError(key.name, f"must be >= {key.min}, got {value}")
     if key.max is not None and number > key.max:

@@ -207,6 +207,17 @@ class LocalCluster:
             time.sleep(0.05)
         raise TimeoutError(f"no leader within {timeout_s} s")
 
+    def wait_all_know_leader(self, timeout_s: float = 30.0) -> None:
+        """Wait until every running node reports the same leader (so every /readyz is 200)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            running = [i for i in range(self.n) if self.alive(i)]
+            leaders = {(self.node_status(i) or {}).get("leader") for i in running}
+            if len(leaders) == 1 and None not in leaders:
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"not every node knew the leader within {timeout_s} s")
+
     def digests(self, nodes: list[int] | None = None) -> dict[int, dict[str, Any] | None]:
         out: dict[int, dict[str, Any] | None] = {}
         for i in nodes if nodes is not None else range(self.n):

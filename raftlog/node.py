@@ -30,7 +30,14 @@ from raftlog.clock import Clock, SystemClock
 from raftlog.committer import GroupCommitter, PendingBatch
 from raftlog.config import RaftConfig
 from raftlog.consumequeue import tags_hash
-from raftlog.errors import InvalidInput, MessageTooLarge, NotLeader, UnknownQueue, UnknownTopic
+from raftlog.errors import (
+    ConditionFailed,
+    InvalidInput,
+    MessageTooLarge,
+    NotLeader,
+    UnknownQueue,
+    UnknownTopic,
+)
 from raftlog.machine import ReplicatedLog, _addr
 from raftlog.store import ApplyResult, BatchOutcome, Store
 
@@ -193,13 +200,19 @@ class RaftLog:
             raise NotLeader("this node is not the leader", self.leader_address())
 
     def prepare(
-        self, messages: Sequence[NewMessage], store_ms: int | None = None
+        self,
+        messages: Sequence[NewMessage],
+        store_ms: int | None = None,
+        creates: Mapping[str, int] | None = None,
     ) -> tuple[list[str], list[tuple[int, int, int]], bytes, dict[str, int]]:
-        """Validate and encode ``messages``: decide ids, store time and queues."""
+        """Validate and encode ``messages``: decide ids, store time and queues.
+
+        ``creates`` are topics the same batch creates, with their queue counts.
+        """
         topics: list[str] = []
         tindex: dict[str, int] = {}
         metas: list[tuple[int, int, int]] = []
-        creates: dict[str, int] = {}
+        creates = dict(creates or {})
         parts: list[bytes | bytearray] = []
         store_ms = self.clock.now_ms() if store_ms is None else store_ms
         max_bytes = self.config.max_message_bytes
@@ -277,7 +290,7 @@ class RaftLog:
         again and resolves to the first outcome (``duplicate=True``).
         """
         self._check_leader()
-        topics, metas, blob, auto = self.prepare(messages, store_ms)
+        topics, metas, blob, auto = self.prepare(messages, store_ms, creates)
         all_creates = {**auto, **(creates or {})}
         batch = PendingBatch(
             key=key or f"{self._key_prefix}-{next(self._key_seq)}",
@@ -311,12 +324,21 @@ class RaftLog:
         """Add (``"add"``) or remove (``"remove"``) a Raft member; resolves when committed."""
         self._check_leader()
         fut: Future[None] = Future()
+        members = {n.id for n in self.machine.otherNodes}
+        if (action == "add") == (raft_address in members):
+            # Already done (a retried request): asking pysyncobj again would be refused.
+            fut.set_result(None)
+            return fut
 
         def done(_res: Any, err: int) -> None:
             if fut.done():
                 return
             if err == 0:
                 fut.set_result(None)
+            elif err == 6:  # REQUEST_DENIED: an earlier change is not committed yet
+                fut.set_exception(
+                    ConditionFailed("another membership change is still in progress; retry")
+                )
             else:
                 fut.set_exception(
                     NotLeader(f"membership change failed (reason {err})", self.leader_address())

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cluster.client import Client
+from cluster.client import Client, ClientError
 from cluster.launcher import LocalCluster
 from tests.integration.conftest import dump_logs
 
@@ -188,5 +188,28 @@ def test_batching_producer_and_consumer_resume_from_committed_offset(make_cluste
             # Two batches may be in flight at once, so order across batches is not fixed.
             assert [m["offset"] for m in rest] == list(range(len(got), 250))
             assert sorted(got + [m["body"] for m in rest]) == sorted(f"e{i}" for i in range(250))
+
+    asyncio.run(go())
+
+
+def test_every_delay_level_is_accepted_and_real_queues_are_checked(make_cluster: Any) -> None:
+    cluster = make_cluster(3)
+    cluster.wait_leader(60)
+
+    async def go() -> None:
+        async with Client(cluster.urls) as client:
+            await client.create_topic("delayed", 2)
+            for level in (1, 5, 18, 40):
+                r = (await client.produce("delayed", [{"body": "x", "delay_level": level}]))[
+                    "results"
+                ][0]
+                assert r["topic"] == "SCHEDULE_TOPIC_XXXX"
+                assert r["queue"] == min(level, 18) - 1
+                assert r.get("clamped", False) == (level > 18)
+            schedule = await client.topic("SCHEDULE_TOPIC_XXXX")
+            assert len(schedule["queues"]) == 18
+            with pytest.raises(ClientError) as err:
+                await client.produce("delayed", [{"body": "x", "delay_level": 2, "queue": 7}])
+            assert err.value.status == 400 and err.value.body["field"] == "messages[0].queue"
 
     asyncio.run(go())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -39,7 +40,13 @@ def test_a_fourth_node_joins_catches_up_and_leaves(make_joinable_cluster: Any) -
                 assert [n["id"] for n in view["nodes"]] == [0, 1, 2, 3]
                 assert all(n["reachable"] for n in view["nodes"])
             await client.request("DELETE", f"/v1/admin/members/{new}", url=cluster.http_url(leader))
-            view = await client.cluster(url=cluster.http_url(follower))
+            # Followers apply the removal a moment after the leader answers.
+            deadline = time.monotonic() + 10
+            while True:
+                view = await client.cluster(url=cluster.http_url(follower))
+                if [n["id"] for n in view["nodes"]] == [0, 1, 2] or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.05)
             assert [n["id"] for n in view["nodes"]] == [0, 1, 2]
             # The three keep committing without the removed member.
             await asyncio.to_thread(cluster.kill, new)
