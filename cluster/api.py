@@ -7,6 +7,7 @@ leader is unknown the answer is 503 with ``Retry-After``. Errors are always
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -405,7 +406,25 @@ async def leadership_transfer(request: web.Request) -> web.Response:
         if peer is None or type(target) is not int:  # True == 1 and 1.0 == 1 are not ids
             raise bad_request(f"no peer with id {target!r}", "to")
         node = peer.raft
-    broker.raftlog.machine.transferLeadership(node)
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[int] = loop.create_future()
+
+    def settle(err: int) -> None:
+        if not answer.done():
+            answer.set_result(err)
+
+    def done(_res: Any, err: int) -> None:
+        loop.call_soon_threadsafe(settle, err)
+
+    broker.raftlog.machine.transferLeadership(node, callback=done)
+    err = await asyncio.wait_for(answer, 5)
+    if err != 0:
+        raise ApiError(
+            409,
+            "transfer_refused",
+            "the target is not fully caught up (or not connected); retry in a moment",
+            "to" if target is not None else None,
+        )
     return json_response({"status": "transferring", "to": target}, status=202)
 
 

@@ -213,3 +213,29 @@ def test_every_delay_level_is_accepted_and_real_queues_are_checked(make_cluster:
             assert err.value.status == 400 and err.value.body["field"] == "messages[0].queue"
 
     asyncio.run(go())
+
+
+def test_leadership_transfer_moves_the_leader(make_cluster: Any) -> None:
+    cluster = make_cluster(3)
+    leader = cluster.wait_leader(60)
+    target = next(i for i in range(3) if i != leader)
+
+    async def go() -> None:
+        async with Client(cluster.urls) as client:
+            await client.produce("t", [{"body": "x"}])
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    await client.request(
+                        "POST",
+                        "/v1/admin/leadership/transfer",
+                        json_body={"to": target},
+                        url=cluster.http_url(leader),
+                    )
+                    break
+                except ClientError as exc:  # 409 while the target catches up
+                    assert exc.status == 409 and time.monotonic() < deadline
+                    await asyncio.sleep(0.1)
+        assert await asyncio.to_thread(cluster.wait_leader, 30, [target]) == target
+
+    asyncio.run(go())
