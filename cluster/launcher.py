@@ -7,6 +7,7 @@ catch-up channel on ``raft_port+i+1000``; its files live in ``data_dir/node-i``,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -203,6 +204,10 @@ class LocalCluster:
                     )
             leader = self.leader(among)
             if leader is not None:
+                # Callers assume the others know it too (forwarding, /readyz, the cluster
+                # view); give them until the deadline to hear from it.
+                with contextlib.suppress(TimeoutError):
+                    self.wait_all_know_leader(max(0.1, deadline - time.monotonic()))
                 return leader
             time.sleep(0.05)
         raise TimeoutError(f"no leader within {timeout_s} s")

@@ -154,7 +154,10 @@ class RotatingFile:
 class LogWriter:
     """Background JSON-lines writer of one node. Start with :meth:`start`, end with :meth:`close`.
 
-    Thread-safe: any thread may call :meth:`write`. It is also a context manager.
+    Thread-safe: any thread may call :meth:`write` (the event loop, the Raft thread). The buffer
+    holds at most ``buffer_records`` records, give or take one per thread writing at the very
+    same moment. A record written while :meth:`close` runs may miss the final drain; it then
+    shows as ``accepted - written`` in :meth:`stats`. It is also a context manager.
     """
 
     def __init__(

@@ -18,17 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import os
-import shutil
-import socket
 import sys
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
-from urllib.parse import urlsplit
 
 import orjson
 
@@ -42,44 +40,23 @@ from ops.report_ingest import (
     read_small,
 )
 from ops.schema import SCHEMA_VERSION, RecordType
+from ops.sparkengine import (
+    DEFAULT_DRIVER_MEMORY,
+    DEFAULT_MASTER,
+    EngineError,
+    is_spark_error,
+    spark_error_summary,
+    spark_session,
+)
 from ops.sparkprogress import SparkProgress
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-DEFAULT_MASTER = "local[*]"
-DEFAULT_DRIVER_MEMORY = "2g"
 APP_NAME = "chronomq-report"
+PARALLEL_JOBS = 4
 
 EXIT_OK, EXIT_SPARK_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-_LOG4J2 = """\
-status = error
-rootLogger.level = {level}
-rootLogger.appenderRef.stderr.ref = stderr
-appender.stderr.type = Console
-appender.stderr.name = stderr
-appender.stderr.target = SYSTEM_ERR
-appender.stderr.layout.type = PatternLayout
-appender.stderr.layout.pattern = spark %p %c{{1}}: %m%n%ex{{6}}
-# PySpark drivers count as a shell: Spark then sets the root level to the shell's level.
-logger.repl.name = org.apache.spark.repl.Main
-logger.repl.level = {level}
-logger.native.name = org.apache.hadoop.util.NativeCodeLoader
-logger.native.level = error
-logger.utils.name = org.apache.spark.util.Utils
-logger.utils.level = error
-logger.plan.name = org.apache.spark.sql.catalyst.util.SparkStringUtils
-logger.plan.level = error
-logger.blockmanager.name = org.apache.spark.storage.BlockManager
-logger.blockmanager.level = error
-logger.cache.name = org.apache.spark.sql.execution.CacheManager
-logger.cache.level = error
-logger.jersey.name = org.glassfish.jersey
-logger.jersey.level = off
-logger.jetty.name = org.sparkproject.jetty
-logger.jetty.level = error
-"""
 
 
 class ReportFailed(Exception):
@@ -113,113 +90,6 @@ class ReportData:
     phases_s: dict[str, float] = field(default_factory=dict)
 
 
-# --- engine ---------------------------------------------------------------------------------
-
-
-def check_master(master: str, timeout_s: float = 5.0) -> None:
-    """Fail fast, with a plain message, when a cluster master cannot be reached at all."""
-    if master.startswith("local"):
-        return
-    url = urlsplit(master)
-    if url.scheme not in ("spark", "sc"):
-        raise ReportFailed(
-            f"unsupported --master {master!r}: use local[N], spark://host:port or sc://host:port"
-        )
-    host = url.hostname or "localhost"
-    port = url.port or (7077 if url.scheme == "spark" else 15002)
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            pass
-    except OSError as exc:
-        kind = "Spark master" if url.scheme == "spark" else "Spark Connect server"
-        raise ReportFailed(
-            f"cannot reach the {kind} at {host}:{port}: {exc}", EXIT_SPARK_FAILED
-        ) from None
-
-
-@contextlib.contextmanager
-def spark_session(
-    master: str = DEFAULT_MASTER,
-    conf: Sequence[tuple[str, str]] = (),
-    driver_memory: str = DEFAULT_DRIVER_MEMORY,
-    log_level: str = "WARN",
-) -> Iterator[SparkSession]:
-    """A SparkSession for the report, quiet unless something is wrong; stopped at the end."""
-    check_master(master)
-    if master.startswith("sc://"):
-        try:
-            from pyspark.sql.connect.session import SparkSession as ConnectSession  # noqa: F401
-        except ImportError as exc:
-            raise ReportFailed(
-                f"Spark Connect needs extra packages ({exc.name} is missing): "
-                "pip install 'pyspark[connect]'",
-                EXIT_SPARK_FAILED,
-            ) from None
-    from pyspark.sql import SparkSession
-
-    builder: Any = SparkSession.builder
-    settings = dict(conf)
-    log_dir = tempfile.mkdtemp(prefix="chronomq-report-")
-    try:
-        if master.startswith("sc://"):
-            builder = builder.remote(master)
-        else:
-            log_file = Path(log_dir) / "log4j2.properties"
-            log_file.write_text(_LOG4J2.format(level=log_level.lower()))
-            options = settings.get("spark.driver.extraJavaOptions", "")
-            settings["spark.driver.extraJavaOptions"] = (
-                f"{options} -Dlog4j2.configurationFile=file:{log_file}".strip()
-            )
-            settings.setdefault("spark.driver.memory", driver_memory)
-            settings.setdefault("spark.ui.showConsoleProgress", "false")
-            settings.setdefault(
-                "spark.sql.shuffle.partitions", "16" if master.startswith("local") else "64"
-            )
-            builder = builder.master(master)
-        settings.setdefault("spark.sql.session.timeZone", "UTC")
-        builder = builder.appName(APP_NAME)
-        for key, value in settings.items():
-            builder = builder.config(key, value)
-        try:
-            spark = builder.getOrCreate()
-        except Exception as exc:
-            if _is_spark_error(exc):
-                raise ReportFailed(
-                    f"could not start Spark on {master}: {spark_error_summary(exc)}",
-                    EXIT_SPARK_FAILED,
-                ) from None
-            raise
-        try:
-            yield spark
-        finally:
-            spark.stop()
-    finally:
-        shutil.rmtree(log_dir, ignore_errors=True)
-
-
-def _is_spark_error(exc: BaseException) -> bool:
-    module = type(exc).__module__ or ""
-    return module.startswith(("pyspark", "py4j"))
-
-
-def spark_error_summary(exc: BaseException, max_lines: int = 3) -> str:
-    """A few readable lines for a Spark/Py4J exception, without the JVM stack trace."""
-    java = getattr(exc, "java_exception", None)
-    if java is not None:
-        try:
-            text = str(java.toString())
-        except Exception:
-            text = str(exc)
-    else:
-        text = str(exc)
-    lines = [
-        line.strip()
-        for line in text.splitlines()
-        if line.strip() and not line.lstrip().startswith(("at ", "...", "JVM stacktrace"))
-    ]
-    return " / ".join(lines[:max_lines]) or type(exc).__name__
-
-
 # --- the job --------------------------------------------------------------------------------
 
 
@@ -246,6 +116,15 @@ def _check(
             f"warning: {counts.corrupt:,} corrupt or truncated {record_type} lines skipped "
             f"(of {counts.lines:,})"
         )
+
+
+def in_parallel(*calls: Callable[[], Any]) -> list[Any]:
+    """Run independent Spark actions side by side: small jobs are mostly waiting on overhead."""
+    if len(calls) <= 1:
+        return [call() for call in calls]
+    with ThreadPoolExecutor(PARALLEL_JOBS, thread_name_prefix="report-job") as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [f.result() for f in futures]
 
 
 def compute(
@@ -278,11 +157,14 @@ def compute(
         if read.cached is not None:
             cached.append(read.cached)
         _check(RecordType.EVENTS, read.counts, skip_newer, progress)
-        event_table, event_total, changes, drops = rt.Table("events", (), []), 0, None, 0
+        event_table, changes, drops = rt.Table("events", (), []), None, 0
         if read.rows is not None:
-            event_table, event_total = rt.events(read.rows)
-            changes = rt.leader_changes(read.rows)
-            drops = rt.writer_drops(read.rows)
+            rows = read.rows
+            event_table, changes, drops = in_parallel(
+                lambda: rt.events(rows),
+                lambda: rt.leader_changes(rows),
+                lambda: rt.writer_drops(rows),
+            )
 
         phase("replication", size(RecordType.REPLICATION))
         read = read_small(spark, logs, RecordType.REPLICATION)
@@ -308,44 +190,47 @@ def compute(
                 else f"the logs in {', '.join(logs.dirs)} hold no lines"
             )
 
+        phase("figures", "lateness, end-to-end latency, throughput, replication")
         totals = rt.totals(messages) if messages is not None else None
         bucket_s = rt.bucket_seconds(
             totals.first_ms if totals else None, totals.last_ms if totals else None
         )
-        replication: dict[str, Any] = {"commands": 0}
-        term_table = rt.Table("terms", (), [])
+        jobs: dict[str, Callable[[], Any]] = {}
+        if messages is not None:
+            msgs = messages
+            jobs["lateness"] = lambda: rt.lateness(msgs)
+            jobs["end_to_end"] = lambda: rt.end_to_end(msgs)
+            jobs["lateness_histogram"] = lambda: rt.lateness_histogram(msgs)
+            jobs["throughput"] = lambda: rt.throughput(msgs, bucket_s)
         if repl_df is not None:
-            phase("replication latency and apply lag")
             cmds = rt.commands(repl_df).cache()
-            cached.append(cmds)
-            commit = rt.commit_latency(cmds)
             followers = rt.follower_applies(repl_df, cmds).cache()
-            cached.append(followers)
-            lag, unmatched = rt.apply_lag(followers)
-            lag_time = rt.apply_lag_over_time(followers, bucket_s)
-            term_table = rt.terms(cmds)
-            tables += [commit, lag, lag_time, term_table]
+            cached += [cmds, followers]
+            jobs["commit_latency"] = lambda: rt.commit_latency(cmds)
+            jobs["apply_lag"] = lambda: rt.apply_lag(followers)
+            jobs["apply_lag_over_time"] = lambda: rt.apply_lag_over_time(followers, bucket_s)
+            jobs["terms"] = lambda: rt.terms(cmds)
+        results = dict(zip(jobs, in_parallel(*jobs.values()), strict=True))
+        replication: dict[str, Any] = {"commands": 0}
+        term_table = results.get("terms", rt.Table("terms", (), []))
+        if repl_df is not None:
+            lag, unmatched = results["apply_lag"]
+            tables += [results["commit_latency"], lag, results["apply_lag_over_time"], term_table]
             replication = {
                 "commands": sum(r["commands"] for r in term_table.records()),
-                "commit_latency_ms": commit.records(),
+                "commit_latency_ms": results["commit_latency"].records(),
                 "apply_lag_ms": lag.records(),
                 "follower_lines_without_leader_line": unmatched,
             }
-
         latency_summary: dict[str, Any] = {}
         if messages is not None and totals is not None:
-            phase("delivery lateness and end-to-end latency")
-            late = rt.lateness(messages)
-            e2e = rt.end_to_end(messages)
-            hist = rt.lateness_histogram(messages)
-            phase("throughput")
-            tput = rt.throughput(messages, bucket_s)
-            tables += [late, hist, e2e, tput]
+            tables += [results[n] for n in ("lateness", "lateness_histogram", "end_to_end")]
+            tables.append(results["throughput"])
             latency_summary = {
                 "messages": totals.as_dict(),
-                "lateness_ms": late.records(),
-                "end_to_end_ms": e2e.records(),
-                "throughput": _throughput_summary(tput, totals),
+                "lateness_ms": results["lateness"].records(),
+                "end_to_end_ms": results["end_to_end"].records(),
+                "throughput": _throughput_summary(results["throughput"], totals),
             }
         phase("failover windows")
         fail = rt.failovers(term_table, messages)
@@ -373,7 +258,7 @@ def compute(
             "replication": replication,
             "failovers": fail.records(),
             "leader_changes": changes.records() if changes is not None else [],
-            "events": event_total,
+            "events": counts[RecordType.EVENTS].valid,
             "writer_dropped_records": drops,
         }
     finally:
@@ -440,7 +325,8 @@ def write_tables(spark: SparkSession | None, tables: Sequence[rt.Table], out: Pa
         "string": st.StringType(),
         "boolean": st.BooleanType(),
     }
-    for table in tables:
+
+    def write(table: rt.Table) -> None:
         schema = st.StructType([st.StructField(n, types[t], True) for n, t in table.columns])
         rows = [
             tuple(
@@ -451,6 +337,8 @@ def write_tables(spark: SparkSession | None, tables: Sequence[rt.Table], out: Pa
         ]
         df = spark.createDataFrame(rows, schema)
         df.coalesce(1).write.mode("overwrite").parquet(str(out / "parquet" / table.name))
+
+    in_parallel(*[functools.partial(write, table) for table in tables])
 
 
 def json_bytes(value: Any) -> bytes:
@@ -509,7 +397,11 @@ def report_main(options: ReportOptions, stream: TextIO | None = None) -> int:
     try:
         find_log_files(options.logs)  # a bad path fails before Spark starts
         with spark_session(
-            options.master, options.conf, options.driver_memory, options.spark_log_level
+            options.master,
+            options.conf,
+            options.driver_memory,
+            options.spark_log_level,
+            app_name=APP_NAME,
         ) as spark:
             progress = SparkProgress(spark, stream=err, enabled=options.progress)
             with progress:
@@ -529,12 +421,12 @@ def report_main(options: ReportOptions, stream: TextIO | None = None) -> int:
                     raise
     except ReportInputError as exc:
         return fail(str(exc), EXIT_BAD_INPUT)
-    except ReportFailed as exc:
+    except (ReportFailed, EngineError) as exc:
         return fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
         return fail("interrupted", EXIT_INTERRUPTED)
     except Exception as exc:
-        if _is_spark_error(exc):
+        if is_spark_error(exc):
             return fail(f"Spark failed: {spark_error_summary(exc)}", EXIT_SPARK_FAILED)
         raise
     out = Path(options.out).absolute()

@@ -500,11 +500,10 @@ def failovers(term_table: Table, messages: DataFrame | None) -> Table:
 # --- events -----------------------------------------------------------------------------------
 
 
-def events(event_rows: DataFrame) -> tuple[Table, int]:
-    """All events in time order (at most MAX_EVENTS), and how many exist in total."""
+def events(event_rows: DataFrame) -> Table:
+    """The events in time order (at most MAX_EVENTS of them)."""
     from pyspark.sql import functions as sf
 
-    total = event_rows.count()
     rows = (
         event_rows.orderBy("ts_ms", "node", "type", "detail")
         .limit(MAX_EVENTS)
@@ -513,7 +512,7 @@ def events(event_rows: DataFrame) -> tuple[Table, int]:
     )
     out = [(r["ts_ms"], r["node"], r["type"], r["detail"]) for r in rows]
     columns = (("ts_ms", "long"), ("node", "string"), ("type", "string"), ("detail", "string"))
-    return Table("events", columns, out), total
+    return Table("events", columns, out)
 
 
 def leader_changes(event_rows: DataFrame) -> Table:

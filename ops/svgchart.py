@@ -109,7 +109,11 @@ def nice_ticks(lo: float, hi: float, count: int = 6) -> list[float]:
 
 
 def _log_ticks(lo: float, hi: float) -> list[float]:
-    return [10.0**e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)]
+    """Powers of ten within [lo, hi]; also 2x and 5x when that alone would give too few."""
+    first, last = math.floor(math.log10(lo)), math.floor(math.log10(hi))
+    decades = [10.0**e for e in range(first, last + 1)]
+    steps = (1, 2, 5) if last - first < 3 else (1,)
+    return [d * m for d in decades for m in steps if lo <= d * m <= hi]
 
 
 def format_number(value: float) -> str:
@@ -275,13 +279,12 @@ def line_chart(
             f'fill="#666666">time (UTC)</text>'
         )
     for i, s in enumerate(drawn):
-        points = " ".join(
-            f"{frame.px(x):.1f},{frame.py(y):.1f}" for x, y in zip(s.xs, s.ys, strict=True)
-        )
-        frame.parts.append(
-            f'<polyline fill="none" stroke="{PALETTE[i % len(PALETTE)]}" stroke-width="1.5" '
-            f'points="{points}"/>'
-        )
+        colour = PALETTE[i % len(PALETTE)]
+        for segment in _segments(s, max_gap):
+            points = " ".join(f"{frame.px(x):.1f},{frame.py(y):.1f}" for x, y in segment)
+            frame.parts.append(
+                f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{points}"/>'
+            )
     frame.parts.append(
         f'<rect x="{_MARGIN_LEFT}" y="{top}" width="{frame.plot_w:.1f}" '
         f'height="{frame.plot_h:.1f}" fill="none" stroke="#888888"/>'
