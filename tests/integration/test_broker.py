@@ -239,3 +239,24 @@ def test_leadership_transfer_moves_the_leader(make_cluster: Any) -> None:
         assert await asyncio.to_thread(cluster.wait_leader, 30, [target]) == target
 
     asyncio.run(go())
+
+
+def test_binary_bodies_round_trip(make_cluster: Any) -> None:
+    import base64
+
+    cluster = make_cluster(3)
+    cluster.wait_leader(60)
+    raw = bytes(range(256))
+
+    async def go() -> None:
+        async with Client(cluster.urls) as client:
+            result = await client.produce(
+                "bin", [{"body_base64": base64.b64encode(raw).decode(), "queue": 0}]
+            )
+            offset = result["results"][0]["offset"]
+            leader_url = cluster.http_url(cluster.leader())
+            page = await client.pull("bin", 0, offset, 1, url=leader_url)
+            m = page["messages"][0]
+            assert m["body"] is None and base64.b64decode(m["body_base64"]) == raw
+
+    asyncio.run(go())
