@@ -15,7 +15,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any
 
@@ -517,11 +517,3 @@ class Broker:
             if n.get("reachable"):
                 n["replication_lag"] = commit - n.get("applied_index", 0)
         return {"leader": leader, "term": term, "nodes": nodes}
-
-
-def outcomes_to_results(outcomes: Sequence[BatchOutcome]) -> list[dict[str, Any]]:
-    return [
-        {"msg_id": record.msg_id_hex(p.msg_id), "queue": p.queue_id, "offset": p.queue_offset}
-        for o in outcomes
-        for p in o.placed
-    ]

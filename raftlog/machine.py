@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +29,6 @@ import pysyncobj.tcp_connection as _tcp_connection_module
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.journal import FileJournal, createJournal
 from pysyncobj.monotonic import monotonic as _pso_monotonic
-from pysyncobj.tcp_connection import CONNECTION_STATE  # noqa: F401  (documented dependency)
 from pysyncobj.transport import TCPNode
 
 from raftlog import catchup
@@ -264,7 +262,3 @@ class ReplicatedLog(SyncObj):
             },
             "uptime_s": st.get("uptime", 0),
         }
-
-
-def monotonic_ms() -> float:
-    return time.monotonic() * 1000

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import itertools
 import logging
 import os
 import struct
@@ -220,22 +221,19 @@ class Store:
         start_len = self.commitlog.length
         phys = self.commitlog.append_records(buf, sizes, qoffs) if sizes else []
         end_len = self.commitlog.length
+        # Where each record starts in buf.
+        buf_at = list(itertools.accumulate(sizes[:-1], initial=0)) if sizes else []
         # ConsumeQueue units, one write per queue.
         if sizes:
             grouped: dict[tuple[str, int], list[bytes]] = {}
             first: dict[tuple[str, int], int] = {}
-            at = 0
             for i, qkey in enumerate(cq_keys):
-                tags_code = record.tags_code_at(buf, at)
+                tags_code = record.tags_code_at(buf, buf_at[i])
                 grouped.setdefault(qkey, []).append(UNIT.pack(phys[i], sizes[i], tags_code))
                 first.setdefault(qkey, qoffs[i])
-                at += sizes[i]
             for qkey, units in grouped.items():
                 self.cqs.append(qkey[0], qkey[1], first[qkey], b"".join(units))
         # Outcomes of accepted batches, and their idempotency entries.
-        buf_at = [0]
-        for s in sizes[:-1]:
-            buf_at.append(buf_at[-1] + s)
         want = self.want_results()
         for out_idx, key, first_i, count in pending_idem:
             placed = (

@@ -33,7 +33,6 @@ lets a restarting node know how much of its TimerLog and wheel it can trust:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import struct
 import zlib
@@ -42,6 +41,7 @@ from pathlib import Path
 
 from timer.config import TimerConfig
 from timer.cursor import ReadCursor
+from timer.durable import replace_durably
 from timer.errors import (
     BadMagic,
     ChecksumMismatch,
@@ -119,13 +119,7 @@ def save_checkpoint(path: Path | str, cp: Checkpoint) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        with contextlib.suppress(OSError):
-            os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    replace_durably(tmp, path)
 
 
 def load_checkpoint(path: Path | str) -> Checkpoint | None:

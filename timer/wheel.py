@@ -36,7 +36,6 @@ at TimerLog records that were not flushed first (flush the TimerLog, then the wh
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
 import struct
@@ -44,6 +43,7 @@ import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from timer.durable import replace_durably
 from timer.errors import (
     BadMagic,
     ChecksumMismatch,
@@ -317,10 +317,4 @@ def _create(path: Path, geometry: SlotGeometry, size: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        with contextlib.suppress(OSError):
-            os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    replace_durably(tmp, path)
