@@ -507,6 +507,10 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/readyz", readyz)
     r.add_get("/metrics", metrics)
     r.add_get("/openapi.json", openapi)
+    from cluster import api_schedule, api_timer
+
+    api_schedule.add_routes(app)
+    api_timer.add_routes(app)
 
 
 def create_app(broker: Broker) -> web.Application:
@@ -529,4 +533,8 @@ def create_app(broker: Broker) -> web.Application:
 
     app.cleanup_ctx.append(broker_ctx)
     add_routes(app)
+    from cluster import api_schedule, api_timer
+
+    api_schedule.install_metrics(app)
+    api_timer.install_metrics(app)
     return app

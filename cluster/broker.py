@@ -82,6 +82,9 @@ class Broker:
         self._leader_seen: str | None = None
         self._leaderless_since: float | None = None
         self._monitor: asyncio.Task[None] | None = None
+        # Leader-only services, set by cluster.services when they run on this node.
+        self.schedule: Any = None
+        self.timer: Any = None
         raftlog.add_apply_listener(self._on_apply)
 
     # ------------------------------------------------------------------ lifecycle

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cluster import api_schedule, api_timer
 from cluster.broker import VERSION
 
 _ERROR = {
@@ -58,7 +59,7 @@ _MESSAGE_OUT = {
 }
 
 # (method, path): (summary, request schema or None, 200 response schema, query parameters)
-ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
+_CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
     ("POST", "/v1/topics/{topic}/messages"): (
         "Produce messages (any node; followers forward to the leader). Optional Idempotency-Key header.",
         {
@@ -165,6 +166,7 @@ ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
     ("GET", "/metrics"): ("Prometheus metrics.", None, {"type": "string"}, []),
     ("GET", "/openapi.json"): ("This description.", None, {"type": "object"}, []),
 }
+ROUTES = {**_CORE, **api_schedule.ROUTES, **api_timer.ROUTES}
 
 
 def spec() -> dict[str, Any]:

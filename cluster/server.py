@@ -18,6 +18,7 @@ from cluster import logs
 from cluster.api import create_app
 from cluster.broker import Broker
 from cluster.config import ConfigError, NodeConfig, load
+from cluster.services import close_services, start_services
 from raftlog.node import RaftLog
 
 log = logging.getLogger("chronomq.node")
@@ -26,6 +27,7 @@ log = logging.getLogger("chronomq.node")
 async def serve(config: NodeConfig) -> int:
     raftlog = RaftLog(config.raft_config(), auto_create_topics=config.auto_create_topic)
     broker = Broker(config, raftlog)
+    services = start_services(config, raftlog, broker)
     app = create_app(broker)
     runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=5.0)
     await runner.setup()
@@ -34,6 +36,7 @@ async def serve(config: NodeConfig) -> int:
         await site.start()
     except OSError as exc:
         log.error("cannot listen on %s:%s: %s", config.http_host, config.http_port, exc)
+        close_services(services)
         raftlog.close()
         return 2
     log.info(
@@ -49,6 +52,7 @@ async def serve(config: NodeConfig) -> int:
     await stop.wait()
     log.info("stopping: finishing in-flight requests")
     await runner.cleanup()
+    await asyncio.to_thread(close_services, services)
     await asyncio.to_thread(raftlog.close)
     log.info("stopped")
     return 0
