@@ -85,6 +85,8 @@ class Broker:
         # Leader-only services, set by cluster.services when they run on this node.
         self.schedule: Any = None
         self.timer: Any = None
+        # Structured ops logs (replication, latency, events), set by the server when enabled.
+        self.logs: Any = None
         raftlog.add_apply_listener(self._on_apply)
 
     # ------------------------------------------------------------------ lifecycle
