@@ -176,12 +176,34 @@ class Client:
         offsets: list[dict[str, Any]] = result["offsets"]
         return offsets
 
-    async def retry(self, group: str, topic: str, queue: int, offset: int) -> dict[str, Any]:
+    async def retry(
+        self, group: str, topic: str, queue: int, offset: int, delay_level: int = 0
+    ) -> dict[str, Any]:
+        """Send a consumed message back; ``delay_level`` 0 lets the broker pick 3 + retries."""
+        body: dict[str, Any] = {"topic": topic, "queue": queue, "offset": offset}
+        if delay_level:
+            body["delay_level"] = delay_level
         result: dict[str, Any] = await self.request(
-            "POST",
-            f"/v1/groups/{group}/retry",
-            json_body={"topic": topic, "queue": queue, "offset": offset},
-            write=True,
+            "POST", f"/v1/groups/{group}/retry", json_body=body, write=True
+        )
+        return result
+
+    async def schedule(self, url: str | None = None) -> dict[str, Any]:
+        """The schedule service's levels, mode and pause switch."""
+        result: dict[str, Any] = await self.request("GET", "/v1/admin/schedule", url=url)
+        return result
+
+    async def set_schedule(
+        self, *, mode: str | None = None, paused: bool | None = None
+    ) -> dict[str, Any]:
+        """Switch delivery mode or pause delivery, cluster-wide."""
+        body: dict[str, Any] = {}
+        if mode is not None:
+            body["mode"] = mode
+        if paused is not None:
+            body["paused"] = paused
+        result: dict[str, Any] = await self.request(
+            "PATCH", "/v1/admin/schedule", json_body=body, write=True
         )
         return result
 

@@ -224,6 +224,11 @@ class PendingQueue:
     def blocked(self) -> bool:
         return bool(self._blocking)
 
+    @property
+    def failed_count(self) -> int:
+        """Entries in EXCEPTION, waiting for their resend."""
+        return len(self._failed)
+
     def __len__(self) -> int:
         return len(self._queue)
 

@@ -1,0 +1,205 @@
+"""HTTP routes of the schedule service (delay levels) and consumer retry.
+
+- ``GET /v1/admin/schedule``: per level delay, offset, max offset, backlog, oldest-due lag,
+  pending, blocked; the mode and whether delivery is paused. Any node answers from its
+  replicated state; pending counts are the leader's.
+- ``PATCH /v1/admin/schedule`` ``{"mode": "sync"|"async", "paused": bool}``: cluster-wide, through
+  Raft, so a new leader keeps the setting.
+- ``POST /v1/groups/{group}/retry`` ``{"topic", "queue", "offset", "delay_level"?}``: send a
+  consumed message back (seed 001): ``%RETRY%{group}`` at level 3 + reconsume times, or the
+  group's DLQ once ``max_reconsume_times`` is reached.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import Gauge
+
+from cluster.errors import ApiError, bad_request
+
+_LEVELS = {"type": "array", "items": {"type": "object"}}
+
+# (method, path): (summary, request schema or None, 200 response schema, query parameters)
+ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
+    ("GET", "/v1/admin/schedule"): (
+        "Delay levels: per level delay, offset, max offset, backlog, oldest-due lag ms, "
+        "pending, blocked; the delivery mode and pause switch.",
+        None,
+        {
+            "type": "object",
+            "properties": {
+                "running": {"type": "boolean"},
+                "mode": {"type": "string", "enum": ["sync", "async"]},
+                "paused": {"type": "boolean"},
+                "levels": _LEVELS,
+            },
+        },
+        [],
+    ),
+    ("PATCH", "/v1/admin/schedule"): (
+        "Switch the delivery mode (sync or async) or pause delivery, cluster-wide.",
+        {
+            "type": "object",
+            "properties": {
+                "mode": {"type": "string", "enum": ["sync", "async"]},
+                "paused": {"type": "boolean"},
+            },
+            "additionalProperties": False,
+        },
+        {"type": "object"},
+        [],
+    ),
+    ("POST", "/v1/groups/{group}/retry"): (
+        "Send a consumed message back for redelivery through the delay levels "
+        "(%RETRY%{group}, then %DLQ%{group} after max_reconsume_times).",
+        {
+            "type": "object",
+            "required": ["topic", "queue", "offset"],
+            "properties": {
+                "topic": {"type": "string"},
+                "queue": {"type": "integer", "minimum": 0},
+                "offset": {"type": "integer", "minimum": 0},
+                "delay_level": {
+                    "type": "integer",
+                    "description": "0 (default): 3 + reconsume times; > 0 as given; < 0: DLQ",
+                },
+            },
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "properties": {
+                "target": {"type": "string", "enum": ["retry", "dlq"]},
+                "topic": {"type": "string"},
+                "msg_id": {"type": "string"},
+                "reconsume_times": {"type": "integer"},
+                "delay_level": {"type": "integer"},
+                "deliver_ms": {"type": "integer"},
+            },
+        },
+        [],
+    ),
+}
+
+
+def _service(request: web.Request) -> Any:
+    from cluster.api import BROKER
+
+    service = request.app[BROKER].schedule
+    if service is None:
+        raise ApiError(503, "schedule_unavailable", "the schedule service is not running", None)
+    return service
+
+
+async def get_schedule(request: web.Request) -> web.Response:
+    from cluster.api import json_response
+
+    return json_response(_service(request).stats())
+
+
+async def patch_schedule(request: web.Request) -> web.Response:
+    from cluster.api import BROKER, forward_to_leader, json_response, read_json
+
+    forwarded = await forward_to_leader(request)
+    if forwarded is not None:
+        return forwarded
+    body = await read_json(request)
+    if not isinstance(body, dict) or not body:
+        raise bad_request('the body must be an object such as {"mode": "async"}', "body")
+    unknown = sorted(set(body) - {"mode", "paused"})
+    if unknown:
+        raise bad_request(f"unknown field {unknown[0]!r}; use mode or paused", unknown[0])
+    mode = body.get("mode")
+    if mode is not None and mode not in ("sync", "async"):
+        raise bad_request(f"mode must be 'sync' or 'async', got {mode!r}", "mode")
+    paused = body.get("paused")
+    if paused is not None and not isinstance(paused, bool):
+        raise bad_request(f"paused must be true or false, got {paused!r}", "paused")
+    service = _service(request)
+    await request.app[BROKER].commit(service.set_controls(mode=mode, paused=paused))
+    return json_response(service.stats())
+
+
+def _body_int(body: dict[str, Any], name: str, default: int | None = None) -> int:
+    value = body.get(name, default)
+    if value is None:
+        raise bad_request(f"{name} is required", name)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise bad_request(f"{name} must be an integer, got {value!r}", name)
+    if name != "delay_level" and not 0 <= value < 2**62:
+        raise bad_request(f"{name} must be a non-negative integer, got {value}", name)
+    return value
+
+
+async def retry(request: web.Request) -> web.Response:
+    from cluster.api import BROKER, forward_to_leader, json_response, read_json
+
+    forwarded = await forward_to_leader(request)
+    if forwarded is not None:
+        return forwarded
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise bad_request("the body must be an object with topic, queue and offset", "body")
+    unknown = sorted(set(body) - {"topic", "queue", "offset", "delay_level"})
+    if unknown:
+        raise bad_request(f"unknown field {unknown[0]!r}", unknown[0])
+    topic = body.get("topic")
+    if not isinstance(topic, str) or not topic:
+        raise bad_request("topic must be a non-empty string", "topic")
+    queue = _body_int(body, "queue")
+    offset = _body_int(body, "offset")
+    delay_level = _body_int(body, "delay_level", 0)
+    if not -1 <= delay_level <= 1_000_000:
+        raise bad_request(
+            f"delay_level must be -1 (DLQ), 0 (auto) or a level, got {delay_level}", "delay_level"
+        )
+    answer = await request.app[BROKER].send_back(
+        request.match_info["group"], topic, queue, offset, delay_level
+    )
+    return json_response(answer)
+
+
+def add_routes(app: web.Application) -> None:
+    """Register the routes of :data:`ROUTES`."""
+    r = app.router
+    r.add_get("/v1/admin/schedule", get_schedule)
+    r.add_patch("/v1/admin/schedule", patch_schedule)
+    r.add_post("/v1/groups/{group}/retry", retry)
+
+
+def install_metrics(app: web.Application) -> None:
+    """Per-level gauges, refreshed on every scrape of ``/metrics``."""
+    from cluster.api import BROKER, METRICS
+
+    metrics = app[METRICS]
+    reg = metrics.registry
+    per_level = {
+        name: Gauge(f"chronomq_schedule_{name}", doc, ["level"], registry=reg)
+        for name, doc in (
+            ("offset", "Delivered up to this queue offset (replicated)"),
+            ("max_offset", "Messages stored in the level's queue"),
+            ("backlog", "Messages waiting in the level (due or not)"),
+            ("oldest_due_lag_ms", "How long the oldest due message has been due"),
+            ("pending", "Async deliveries in flight"),
+            ("blocked", "1 when a failing message blocks the level"),
+            ("delivered", "Messages delivered by this node while leader"),
+            ("failures", "Failed delivery attempts on this node"),
+        )
+    }
+    running = Gauge("chronomq_schedule_running", "1 while this node delivers", registry=reg)
+    async_mode = Gauge("chronomq_schedule_async", "1 in async mode, 0 in sync", registry=reg)
+
+    def collect() -> None:
+        service = app[BROKER].schedule
+        if service is None:
+            return
+        stats = service.stats()
+        running.set(1 if stats["running"] else 0)
+        async_mode.set(1 if stats["mode"] == "async" else 0)
+        for row in stats["levels"]:
+            for name, gauge in per_level.items():
+                gauge.labels(level=str(row["level"])).set(float(row[name]))
+
+    metrics.collectors.append(collect)

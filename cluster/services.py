@@ -1,0 +1,65 @@
+"""The leader-only services a node runs next to its replicated log.
+
+Each service follows the same life: built from the node's config, started after the Raft
+machine (it listens for confirmed leadership itself and runs only while this node leads),
+closed before the Raft machine. Their HTTP routes live in ``cluster/api_<service>.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from cluster.broker import Broker
+from cluster.config import NodeConfig
+from raftlog.node import RaftLog
+
+
+class Service(Protocol):
+    def start(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+def start_services(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> list[Service]:
+    """Build and start every service; the caller closes them in reverse order."""
+    services: list[Service] = []
+    for build in (_schedule, _timer):
+        service = build(config, raftlog, broker)
+        if service is not None:
+            service.start()
+            services.append(service)
+    return services
+
+
+def close_services(services: list[Service]) -> None:
+    for service in reversed(services):
+        service.close()
+
+
+def _schedule(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | None:
+    from schedule.pending import PendingConfig
+    from schedule.service import ScheduleService, ScheduleSettings
+
+    settings = ScheduleSettings(
+        levels=broker.levels,
+        async_deliver=config.enable_schedule_async_deliver,
+        pending=PendingConfig(
+            max_pending_limit=config.schedule_async_deliver_max_pending_limit,
+            max_resend_num_to_blocked=config.schedule_async_deliver_max_resend_num_to_blocked,
+        ),
+    )
+    logs = broker.logs
+    service = ScheduleService(
+        raftlog,
+        settings,
+        on_delivered=getattr(logs, "delivered_level", None),
+        on_event=getattr(logs, "event", None),
+    )
+    broker.schedule = service
+    return service
+
+
+def _timer(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | None:
+    return None
