@@ -66,6 +66,10 @@ def message_json(m: record.Message) -> dict[str, Any]:
     return out
 
 
+def _id_or(node_id: int | None, address: str | None) -> int | str | None:
+    return address if node_id is None else node_id
+
+
 class Broker:
     def __init__(self, config: NodeConfig, raftlog: RaftLog) -> None:
         self.config = config
@@ -140,6 +144,13 @@ class Broker:
             log.info(
                 "leader is now node %s (election took %s ms)", self.node_id_of(leader), election_ms
             )
+            if self.logs is not None:
+                self.logs.leader_changed(
+                    _id_or(self.node_id_of(leader), leader),
+                    _id_or(self.node_id_of(seen), seen),
+                    self.raftlog.machine.raftCurrentTerm,
+                    election_ms,
+                )
         self._leader_seen = leader
 
     # ------------------------------------------------------------------ waking consumers
@@ -214,6 +225,12 @@ class Broker:
     ) -> tuple[list[NewMessage], list[dict[str, Any]], int]:
         """JSON messages -> NewMessages (delayed ones rewritten) and per-message answer extras."""
         record.validate_topic(topic)
+        if topic == SCHEDULE_TOPIC:
+            raise bad_request(
+                f"{SCHEDULE_TOPIC} is internal to the schedule service; produce to the real "
+                "topic with delay_level instead",
+                "topic",
+            )
         if not isinstance(raw, list) or not raw:
             raise bad_request("messages must be a non-empty list", "messages")
         if len(raw) > self.config.max_messages_per_request:
@@ -374,6 +391,8 @@ class Broker:
             creates[SCHEDULE_TOPIC] = self.levels.max_level  # queue n-1 holds level n
         fut = self.raftlog.append(messages, key=key, creates=creates or None, store_ms=store_ms)
         outcome = await self.commit(fut)
+        if self.logs is not None and not outcome.duplicate:
+            self.logs.stored(topic, outcome.placed, extras, store_ms)
         results = []
         for placed, extra in zip(outcome.placed, extras, strict=False):
             results.append(

@@ -244,6 +244,12 @@ def test_bad_schedule_input_gets_a_400_naming_the_field(make_cluster: Any) -> No
                     {"messages": [{"body": "x", "delay_level": "3"}]},
                     "messages[0].delay_level",
                 ),
+                (
+                    "POST",
+                    "/v1/topics/SCHEDULE_TOPIC_XXXX/messages",
+                    {"messages": [{"body": "x"}]},
+                    "topic",
+                ),
                 ("PATCH", "/v1/admin/schedule", {"mode": "fast"}, "mode"),
                 ("PATCH", "/v1/admin/schedule", {"paused": "yes"}, "paused"),
                 ("PATCH", "/v1/admin/schedule", {"speed": 1}, "speed"),
