@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -122,7 +123,11 @@ def test_every_level_on_time_and_exactly_once(make_cluster: Any, mode: str) -> N
     asyncio.run(go())
 
 
-def test_leader_killed_during_async_delivery_loses_and_repeats_nothing(make_cluster: Any) -> None:
+@pytest.mark.parametrize("fault", ["kill", "pause"])
+def test_leader_fault_during_async_delivery_loses_and_repeats_nothing(
+    make_cluster: Any, fault: str
+) -> None:
+    """SIGKILL (then restart) or SIGSTOP (then SIGCONT: a stale leader wakes up) mid-delivery."""
     cluster = make_cluster(3, message_delay_level=LEVELS, enable_schedule_async_deliver=True)
     first = cluster.wait_leader(60)
 
@@ -145,9 +150,12 @@ def test_leader_killed_during_async_delivery_loses_and_repeats_nothing(make_clus
                 return 0 < done < len(due)
 
             await wait_for(delivering, 15, "async delivery under way", cluster)
-            cluster.kill(first)
+            cluster.kill(first, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
             cluster.wait_leader(30, among=[i for i in range(3) if i != first])
-            cluster.restart(first)
+            if fault == "kill":
+                cluster.restart(first)
+            else:
+                cluster.kill(first, signal.SIGCONT)
             collector = Collector(client)
 
             async def all_in() -> bool:
