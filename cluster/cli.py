@@ -203,12 +203,6 @@ def cmd_consume(args: argparse.Namespace) -> int:
     data = _client_call(
         args, lambda c: c.pull(args.topic, args.queue, args.offset, args.max, args.wait_ms)
     )
-    if args.latency_log:
-        from cluster.client import ConsumedLog
-
-        consumed = ConsumedLog(args.latency_log)
-        consumed.consumed(args.topic, data["messages"])
-        consumed.close()
     if args.json:
         print(json.dumps(data, indent=2))
     else:
@@ -328,12 +322,6 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--offset", type=int, default=0)
     co.add_argument("--max", type=int, default=32)
     co.add_argument("--wait-ms", dest="wait_ms", type=int, default=0)
-    co.add_argument(
-        "--latency-log",
-        dest="latency_log",
-        metavar="DIR",
-        help="also log the messages as consumed (latency lines for `chronomq report --logs`)",
-    )
     co.set_defaults(func=cmd_consume)
     ad = client_parser("admin", "admin operations", "chronomq admin transfer --to 1")
     ad.add_argument("admin_cmd", choices=["cluster", "config", "set", "transfer"])
