@@ -350,6 +350,22 @@ class Broker:
 
     timer_hook: Any = None
 
+    def _stored_extra(self, placed: Any, extra: dict[str, Any]) -> dict[str, Any]:
+        if "deliver_ms" not in extra:
+            return extra
+        try:
+            msg = self.raftlog.store.commitlog.read_message(placed.physical_offset, placed.size)
+        except Exception:  # the answer keeps this attempt's figure rather than failing
+            log.exception("could not read a replayed message at %d", placed.physical_offset)
+            return extra
+        props = msg.properties
+        if "TIMER_OUT_MS" in props and props["TIMER_OUT_MS"].isdigit():
+            return {**extra, "deliver_ms": int(props["TIMER_OUT_MS"])}
+        level = props.get("DELAY", "")
+        if msg.topic == SCHEDULE_TOPIC and level.isdigit():
+            return {**extra, "deliver_ms": msg.store_ms + self.levels.delay_ms(int(level))}
+        return extra
+
     def _body(self, m: Mapping[str, Any], f: str) -> bytes:
         if "body_base64" in m and m["body_base64"] is not None:
             if "body" in m and m["body"] is not None:
@@ -393,6 +409,12 @@ class Broker:
         outcome = await self.commit(fut)
         if self.logs is not None and not outcome.duplicate:
             self.logs.stored(topic, outcome.placed, extras, store_ms)
+        if outcome.duplicate:
+            # A replayed request: the answer must describe what was stored the first time
+            # (its due time came from that store time), not this attempt.
+            extras = [
+                self._stored_extra(p, e) for p, e in zip(outcome.placed, extras, strict=False)
+            ]
         results = []
         for placed, extra in zip(outcome.placed, extras, strict=False):
             results.append(

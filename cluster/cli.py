@@ -344,6 +344,12 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:
         pass
     try:
+        from ops.drill.run import register as register_drill
+
+        register_drill(sub)
+    except ImportError:
+        pass
+    try:
         from ops.cli import register as register_ops
 
         register_ops(sub)

@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +42,16 @@ class LocalCluster:
         node_settings: Mapping[int, Mapping[str, Any]] | None = None,
         env: Mapping[str, str] | None = None,
         initial: int | None = None,
+        hosts: Sequence[str] | None = None,
+        prefix: Callable[[int], list[str]] | None = None,
+        node_env: Mapping[int, Mapping[str, str]] | None = None,
     ) -> None:
-        """``initial``: how many nodes form the cluster; later ones are configured to join it."""
+        """``initial``: how many nodes form the cluster; later ones are configured to join it.
+
+        ``hosts`` gives each node its own address (default 127.0.0.1 for all), ``prefix`` a
+        command to start node ``i`` under (e.g. ``ip netns exec``), ``node_env`` extra
+        environment per node (e.g. libfaketime).
+        """
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
         self.n = nodes
@@ -54,13 +62,16 @@ class LocalCluster:
         self.node_settings = {i: dict(s) for i, s in (node_settings or {}).items()}
         self.env = dict(env or {})
         self.initial = nodes if initial is None else initial
+        self.hosts = list(hosts) if hosts is not None else [HOST] * nodes
+        self.prefix = prefix
+        self.node_env = {i: dict(e) for i, e in (node_env or {}).items()}
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self._logs: dict[int, Any] = {}
 
     # ------------------------------------------------------------------ layout
 
     def http_url(self, i: int) -> str:
-        return f"http://{HOST}:{self.http_port + i}"
+        return f"http://{self.hosts[i]}:{self.http_port + i}"
 
     @property
     def urls(self) -> list[str]:
@@ -73,9 +84,9 @@ class LocalCluster:
         peers = [
             {
                 "id": j,
-                "raft": f"{HOST}:{self.raft_port + j}",
+                "raft": f"{self.hosts[j]}:{self.raft_port + j}",
                 "http": self.http_url(j),
-                "fetch": f"{HOST}:{self.raft_port + j + 1000}",
+                "fetch": f"{self.hosts[j]}:{self.raft_port + j + 1000}",
             }
             for j in range(self.n if i >= self.initial else self.initial)
             if j != i
@@ -83,9 +94,9 @@ class LocalCluster:
         values: dict[str, Any] = {
             "node_id": i,
             "data_dir": str(self.node_dir(i) / "data"),
-            "http_host": HOST,
+            "http_host": self.hosts[i],
             "http_port": self.http_port + i,
-            "raft_host": HOST,
+            "raft_host": self.hosts[i],
             "raft_port": self.raft_port + i,
             "fetch_port": self.raft_port + i + 1000,
         }
@@ -120,9 +131,10 @@ class LocalCluster:
         d = self.node_dir(i)
         log = open(d / "node.log", "ab")  # noqa: SIM115 - closed in _reap
         self._logs[i] = log
-        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.env, **self.node_env.get(i, {}), "PYTHONUNBUFFERED": "1"}
+        wrapper = self.prefix(i) if self.prefix is not None else []
         self.procs[i] = subprocess.Popen(
-            [sys.executable, "-m", "cluster", "node", "--config", str(d / "node.toml")],
+            [*wrapper, sys.executable, "-m", "cluster", "node", "--config", str(d / "node.toml")],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

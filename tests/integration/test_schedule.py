@@ -281,6 +281,22 @@ def test_bad_schedule_input_gets_a_400_naming_the_field(make_cluster: Any) -> No
             ) as r:
                 result = (await r.json())["results"][0]
                 assert r.status == 200 and result["delay_level"] == 4 and result["clamped"] is True
+            # A replayed produce answers with the first attempt's due time.
+            first_answer: dict[str, Any] = {}
+            for attempt in range(2):
+                async with s.post(
+                    f"{url}/v1/topics/t/messages",
+                    json={"messages": [{"body": "once", "delay_level": 3}]},
+                    headers={"Idempotency-Key": "replayed-delay"},
+                ) as r:
+                    answer = await r.json()
+                    assert r.status == 200, answer
+                if attempt == 0:
+                    first_answer = answer["results"][0]
+                    await asyncio.sleep(0.05)  # a later store time for the replay
+                else:
+                    assert answer["duplicate"] is True
+                    assert answer["results"][0] == first_answer
             async with s.get(f"{url}/metrics") as r:
                 text = await r.text()
                 assert 'chronomq_schedule_backlog{level="4"}' in text

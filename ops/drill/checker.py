@@ -1,0 +1,212 @@
+"""Check a drill's history: what was acknowledged, what arrived, when, and how often.
+
+Safety counts (any of them non-zero fails the drill):
+
+- ``lost``: produce acknowledged (``ok``), never consumed, and not a timer whose cancel was
+  confirmed (answer ``cancelled``).
+- ``duplicated``: consumed at more than one position (topic, queue, offset).
+- ``early``: a delayed message consumed before it was due, by the delivering leader's clock
+  (the copy's ``store_ms``) or by the drill's clock when it was read, less the clock skew the
+  drill injected (``skew_allowance_ms``).
+- ``unexpected``: consumed but never produced by this drill.
+- ``cancelled_delivered``: a timer whose cancel was confirmed, delivered anyway.
+
+Reported only: ``recovered`` (a produce that failed or whose outcome was unknown, delivered
+anyway, which is allowed: "unknown" means exactly that), lateness of delayed messages (copy
+``store_ms`` minus due), and per fault the time from its start to the next acknowledged produce
+(invoked after the start) and to the next delivery of a delayed message (RTO).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ops.stats import percentile
+
+SAFETY = ("lost", "duplicated", "early", "unexpected", "cancelled_delivered")
+
+
+@dataclass
+class CheckResult:
+    produced: int = 0
+    acknowledged: int = 0
+    consumed: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    early: int = 0
+    unexpected: int = 0
+    cancelled_delivered: int = 0
+    recovered: int = 0
+    cancelled: int = 0
+    lateness_ms: dict[str, float | None] = field(default_factory=dict)
+    rto_s: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
+    produce_rto_s: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def safe(self) -> bool:
+        return all(getattr(self, name) == 0 for name in SAFETY)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "produced": self.produced,
+            "acknowledged": self.acknowledged,
+            "consumed": self.consumed,
+            "lost": self.lost,
+            "duplicated": self.duplicated,
+            "early": self.early,
+            "unexpected": self.unexpected,
+            "cancelled_delivered": self.cancelled_delivered,
+            "recovered": self.recovered,
+            "cancelled": self.cancelled,
+            "lateness_ms": self.lateness_ms,
+            "rto_s": self.rto_s,
+            "produce_rto_s": self.produce_rto_s,
+            "faults": self.faults,
+            "examples": self.examples,
+            "safe": self.safe,
+        }
+
+
+@dataclass
+class _Message:
+    token: str
+    kind: str = "plain"
+    invoked: bool = False
+    outcome: str | None = None  # ok / fail / unknown (the last answer)
+    due_ms: int | None = None
+    cancel: str | None = None  # the confirmed answer of a cancel, if any
+    copies: list[Mapping[str, Any]] = field(default_factory=list)
+
+
+def _summary(values: list[float]) -> dict[str, float | int | None]:
+    if not values:
+        return {"n": 0, "min": None, "median": None, "max": None}
+    values = sorted(values)
+    return {
+        "n": len(values),
+        "min": round(values[0], 3),
+        "median": round(percentile(values, 0.5), 3),
+        "max": round(values[-1], 3),
+    }
+
+
+def check(records: Iterable[Mapping[str, Any]], *, skew_allowance_ms: int = 0) -> CheckResult:
+    """Check a history (records as :mod:`ops.drill.history` writes them)."""
+    messages: dict[str, _Message] = {}
+    faults: list[dict[str, Any]] = []
+    produce_oks: list[tuple[int, int]] = []  # (invoke t_ms, ok t_ms)
+    invoke_at: dict[str, int] = {}
+    unexpected: set[str] = set()
+
+    def msg(token: str) -> _Message:
+        m = messages.get(token)
+        if m is None:
+            m = messages[token] = _Message(token)
+        return m
+
+    for rec in records:
+        op, kind = rec.get("op"), rec.get("type")
+        if op == "produce":
+            m = msg(rec["token"])
+            if kind == "invoke":
+                m.invoked = True
+                m.kind = rec.get("kind", "plain")
+                invoke_at[m.token] = rec["t_ms"]
+            else:
+                m.outcome = kind
+                if kind == "ok":
+                    if rec.get("due_ms") is not None:
+                        m.due_ms = int(rec["due_ms"])
+                    produce_oks.append((invoke_at.get(m.token, rec["t_ms"]), rec["t_ms"]))
+        elif op == "cancel" and kind == "ok":
+            msg(rec["token"]).cancel = rec.get("status")
+        elif op == "consume":
+            token = rec.get("token")
+            if token is None or token not in messages or not messages[token].invoked:
+                unexpected.add(str(token if token is not None else rec.get("msg_id")))
+                continue
+            messages[token].copies.append(rec)
+        elif op == "fault" and kind == "start":
+            faults.append(dict(rec))
+
+    result = CheckResult(faults=faults)
+    examples: dict[str, list[str]] = defaultdict(list)
+    lateness: list[float] = []
+    for m in messages.values():
+        if not m.invoked:
+            continue
+        result.produced += 1
+        positions = {(c.get("topic"), c.get("queue"), c.get("offset")) for c in m.copies}
+        if m.copies:
+            result.consumed += 1
+        if m.cancel == "cancelled":
+            result.cancelled += 1
+            if m.copies:
+                result.cancelled_delivered += 1
+                examples["cancelled_delivered"].append(m.token)
+            continue
+        if m.outcome == "ok":
+            result.acknowledged += 1
+            if not m.copies:
+                result.lost += 1
+                examples["lost"].append(m.token)
+        elif m.copies:
+            result.recovered += 1
+        if len(positions) > 1:
+            result.duplicated += 1
+            examples["duplicated"].append(m.token)
+        if m.copies and m.due_ms is not None:
+            first = min(m.copies, key=lambda c: int(c.get("store_ms", 0)))
+            store_ms = int(first.get("store_ms", 0))
+            seen_ms = min(int(c["t_ms"]) for c in m.copies)
+            if min(store_ms, seen_ms) < m.due_ms - skew_allowance_ms:
+                result.early += 1
+                examples["early"].append(m.token)
+            lateness.append(store_ms - m.due_ms)
+    result.unexpected = len(unexpected)
+    examples["unexpected"].extend(sorted(unexpected))
+    result.examples = {k: v[:10] for k, v in examples.items() if v}
+    lateness.sort()
+    result.lateness_ms = {
+        "p50": round(percentile(lateness, 0.5), 1) if lateness else None,
+        "p99": round(percentile(lateness, 0.99), 1) if lateness else None,
+        "max": lateness[-1] if lateness else None,
+    }
+    result.rto_s, result.produce_rto_s = _recovery(faults, messages, produce_oks)
+    return result
+
+
+def _recovery(
+    faults: list[dict[str, Any]],
+    messages: Mapping[str, _Message],
+    produce_oks: list[tuple[int, int]],
+) -> tuple[dict[str, dict[str, float | int | None]], dict[str, dict[str, float | int | None]]]:
+    """Per fault type: seconds from each fault's start to the next delivery and produce."""
+    deliveries = sorted(
+        int(c["store_ms"])
+        for m in messages.values()
+        if m.kind != "plain"
+        for c in m.copies
+        if c.get("store_ms") is not None
+    )
+    produce_oks = sorted(produce_oks)
+    rto: dict[str, list[float]] = defaultdict(list)
+    produce_rto: dict[str, list[float]] = defaultdict(list)
+    for fault in faults:
+        name, start = str(fault.get("fault")), int(fault["t_ms"])
+        nxt = next((d for d in deliveries if d >= start), None)
+        if nxt is not None:
+            rto[name].append((nxt - start) / 1000)
+        ok = next((done for invoked, done in produce_oks if invoked >= start), None)
+        if ok is not None:
+            produce_rto[name].append((ok - start) / 1000)
+    names = sorted({str(f.get("fault")) for f in faults})
+    return (
+        {n: _summary(rto.get(n, [])) for n in names},
+        {n: _summary(produce_rto.get(n, [])) for n in names},
+    )

@@ -1,0 +1,217 @@
+"""Faults a drill injects. Each is bounded in time and healed before the next begins.
+
+=================  =========================================================================
+name               what happens
+=================  =========================================================================
+kill-leader        SIGKILL the leader; restart it on the same data after ``hold_s``
+kill-follower      SIGKILL a random follower; restart it after ``hold_s``
+kill-random        SIGKILL any node; restart it after ``hold_s``
+pause-leader       SIGSTOP the leader for 0.25 s (under the election timeout) or 3 s (over it),
+                   alternating; then SIGCONT: it wakes up as a stale leader
+partition-leader   cut the leader from every other node (root, network namespaces)
+isolate-follower   cut a random follower from every other node (root)
+partition-halves   cut the nodes into two halves (root)
+clock-skew         move one node's wall clock by 2-5 s either way (libfaketime; the monotonic
+                   clock is left alone), then back
+kill-at-due        produce a burst of delayed messages, and SIGKILL the leader as they fall due
+=================  =========================================================================
+
+A fault that cannot run here (no root, no libfaketime) is skipped with a message, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cluster.launcher import LocalCluster
+from ops.drill import netns
+
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+PARTITIONS = ("partition-leader", "isolate-follower", "partition-halves")
+ALL_FAULTS = (
+    "kill-leader",
+    "kill-follower",
+    "kill-random",
+    "pause-leader",
+    *PARTITIONS,
+    "clock-skew",
+    "kill-at-due",
+)
+DEFAULT_HOLD_S = 3.0
+
+
+def faketime_available() -> bool:
+    return Path(FAKETIME_LIB).exists()
+
+
+def faketime_env(node_dir: Path) -> dict[str, str]:
+    """Environment that lets the drill move a node's wall clock through a file."""
+    stamp = node_dir / "faketime"
+    node_dir.mkdir(parents=True, exist_ok=True)
+    stamp.write_text("+0\n")
+    return {
+        "LD_PRELOAD": FAKETIME_LIB,
+        "FAKETIME_TIMESTAMP_FILE": str(stamp),
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        "FAKETIME_CACHE_DURATION": "1",
+    }
+
+
+def unavailable_reason(name: str, network: netns.Network | None, skew: bool) -> str | None:
+    if name in PARTITIONS and network is None:
+        ok, why = netns.available()
+        return why or "partition faults need the nodes in network namespaces"
+    if name == "clock-skew" and not skew:
+        return "clock-skew needs libfaketime (apt-get install faketime)"
+    return None
+
+
+@dataclass
+class FaultContext:
+    cluster: LocalCluster
+    rng: random.Random
+    network: netns.Network | None
+    record: Callable[..., None]
+    """``record(type, fault=..., **detail)``: history and event log."""
+    burst: Callable[[int], Coroutine[Any, Any, int]] | None = None
+    """Produce a burst of delayed messages; returns when they fall due (ms)."""
+    hold_s: float = DEFAULT_HOLD_S
+    pauses: int = 0
+    skew_ms: int = 0
+    """Largest clock skew injected so far (the checker allows for it)."""
+    healers: list[Callable[[], None]] = field(default_factory=list)
+
+    async def leader(self) -> int:
+        return await asyncio.to_thread(self.cluster.wait_leader, 30)
+
+    def others(self, i: int) -> list[int]:
+        return [j for j in range(self.cluster.n) if j != i]
+
+
+async def inject(name: str, ctx: FaultContext) -> dict[str, Any]:
+    """Inject fault ``name``, hold it, heal it; the detail recorded with it."""
+    handler = _FAULTS[name]
+    return await handler(ctx)
+
+
+async def _kill(ctx: FaultContext, name: str, node: int) -> dict[str, Any]:
+    c = ctx.cluster
+    ctx.record("start", fault=name, node=node)
+    await asyncio.to_thread(c.kill, node, signal.SIGKILL)
+    await asyncio.sleep(ctx.hold_s)
+    await asyncio.to_thread(c.start, node)
+    ctx.record("end", fault=name, node=node)
+    return {"node": node}
+
+
+async def kill_leader(ctx: FaultContext) -> dict[str, Any]:
+    return await _kill(ctx, "kill-leader", await ctx.leader())
+
+
+async def kill_follower(ctx: FaultContext) -> dict[str, Any]:
+    leader = await ctx.leader()
+    return await _kill(ctx, "kill-follower", ctx.rng.choice(ctx.others(leader)))
+
+
+async def kill_random(ctx: FaultContext) -> dict[str, Any]:
+    return await _kill(ctx, "kill-random", ctx.rng.randrange(ctx.cluster.n))
+
+
+async def pause_leader(ctx: FaultContext) -> dict[str, Any]:
+    leader = await ctx.leader()
+    hold = 0.25 if ctx.pauses % 2 else 3.0
+    ctx.pauses += 1
+    ctx.record("start", fault="pause-leader", node=leader, hold_s=hold)
+
+    def resume() -> None:
+        ctx.cluster.kill(leader, signal.SIGCONT)
+
+    ctx.healers.append(resume)
+    await asyncio.to_thread(ctx.cluster.kill, leader, signal.SIGSTOP)
+    await asyncio.sleep(hold)
+    resume()
+    ctx.healers.remove(resume)
+    ctx.record("end", fault="pause-leader", node=leader)
+    return {"node": leader, "hold_s": hold}
+
+
+async def _partition(ctx: FaultContext, name: str, groups: list[list[int]]) -> dict[str, Any]:
+    network = ctx.network
+    assert network is not None
+    ctx.record("start", fault=name, groups=groups)
+    ctx.healers.append(network.heal_all)
+    for side in groups:
+        others = [j for j in range(ctx.cluster.n) if j not in side]
+        for i in side:
+            await asyncio.to_thread(network.cut, i, others)
+    await asyncio.sleep(ctx.hold_s)
+    await asyncio.to_thread(network.heal_all)
+    ctx.healers.remove(network.heal_all)
+    ctx.record("end", fault=name)
+    return {"groups": groups}
+
+
+async def partition_leader(ctx: FaultContext) -> dict[str, Any]:
+    leader = await ctx.leader()
+    return await _partition(ctx, "partition-leader", [[leader]])
+
+
+async def isolate_follower(ctx: FaultContext) -> dict[str, Any]:
+    leader = await ctx.leader()
+    return await _partition(ctx, "isolate-follower", [[ctx.rng.choice(ctx.others(leader))]])
+
+
+async def partition_halves(ctx: FaultContext) -> dict[str, Any]:
+    nodes = list(range(ctx.cluster.n))
+    ctx.rng.shuffle(nodes)
+    half = len(nodes) // 2
+    return await _partition(ctx, "partition-halves", [sorted(nodes[:half])])
+
+
+async def clock_skew(ctx: FaultContext) -> dict[str, Any]:
+    node = ctx.rng.randrange(ctx.cluster.n)
+    skew_ms = ctx.rng.choice((-1, 1)) * ctx.rng.randint(2000, 5000)
+    stamp = ctx.cluster.node_dir(node) / "faketime"
+    ctx.skew_ms = max(ctx.skew_ms, abs(skew_ms))
+    ctx.record("start", fault="clock-skew", node=node, skew_ms=skew_ms)
+
+    def reset() -> None:
+        stamp.write_text("+0\n")
+
+    ctx.healers.append(reset)
+    stamp.write_text(f"{skew_ms / 1000:+.3f}\n")
+    await asyncio.sleep(ctx.hold_s + 2)  # libfaketime re-reads the file once a second
+    reset()
+    await asyncio.sleep(1.5)
+    ctx.healers.remove(reset)
+    ctx.record("end", fault="clock-skew", node=node)
+    return {"node": node, "skew_ms": skew_ms}
+
+
+async def kill_at_due(ctx: FaultContext) -> dict[str, Any]:
+    if ctx.burst is None:
+        raise RuntimeError("kill-at-due needs the workload's burst")
+    due_ms = await ctx.burst(2000)
+    await asyncio.sleep(max(0.0, due_ms / 1000 - time.time()))
+    leader = await ctx.leader()
+    return await _kill(ctx, "kill-at-due", leader) | {"due_ms": due_ms}
+
+
+_FAULTS: dict[str, Callable[[FaultContext], Coroutine[Any, Any, dict[str, Any]]]] = {
+    "kill-leader": kill_leader,
+    "kill-follower": kill_follower,
+    "kill-random": kill_random,
+    "pause-leader": pause_leader,
+    "partition-leader": partition_leader,
+    "isolate-follower": isolate_follower,
+    "partition-halves": partition_halves,
+    "clock-skew": clock_skew,
+    "kill-at-due": kill_at_due,
+}

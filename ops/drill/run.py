@@ -1,0 +1,330 @@
+"""``chronomq drill``: run a workload against a fresh local cluster, inject faults, check.
+
+The cluster is started by the drill, on loopback, or (when a partition fault is asked for and
+the drill runs as root) with each node in its own network namespace. Faults run one at a
+time: a warm-up, then each fault of ``--faults`` in turn (in an order drawn from ``--seed``),
+each followed by a quiet period, until ``--duration`` is over. Producers then stop, the
+consumers drain, and the checker reads the history.
+
+Everything the drill creates (processes, namespaces, bridge, nftables rules, faketime files)
+is removed when it ends, also on Ctrl-C or failure. The output directory keeps the history
+(``history.jsonl``), every node's logs (``nodes/node-<i>/data/logs``) and the drill's own
+events (``logs/drill``), so ``chronomq report --logs OUT/nodes OUT/logs`` shows the failover
+windows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from cluster.client import Client, ClientError
+from cluster.launcher import LocalCluster, parse_sets
+from ops.drill import faults as faultlib
+from ops.drill import netns
+from ops.drill.checker import SAFETY, check
+from ops.drill.history import History, now_ms, read_history
+from ops.drill.workload import TOPIC, Workload, WorkloadConfig
+
+DRILL_SETTINGS = {
+    "message_delay_level": "1s 2s 3s 5s",
+    "enable_schedule_async_deliver": "true",
+}
+WARMUP_S = 4.0
+QUIET_S = 4.0
+
+
+def _progress(msg: str) -> None:
+    print(f"[drill] {msg}", file=sys.stderr, flush=True)
+
+
+def _event_writer(directory: Path) -> Any:
+    try:
+        from ops.logwriter import LogWriter
+    except ImportError:  # pragma: no cover - ops is always installed with the drill
+        return None
+    return LogWriter(directory, "drill").start()
+
+
+def _record_event(writer: Any, detail: dict[str, Any]) -> None:
+    if writer is None:
+        return
+    from ops.schema import EventRecord, EventType
+
+    writer.write(
+        EventRecord(ts_ms=now_ms(), node="drill", type=EventType.DRILL_FAULT, detail=detail)
+    )
+
+
+async def _timers_supported(client: Client) -> bool:
+    try:
+        await client.produce(TOPIC, [{"body": "probe", "deliver_at_ms": now_ms() + 60_000}])
+    except ClientError as exc:
+        if exc.status == 400:
+            return False
+        raise
+    return True
+
+
+def plan_faults(
+    names: list[str], duration_s: float, hold_s: float, rng: random.Random
+) -> list[str]:
+    """The faults to run in order: each name once in turn (order from ``rng``), repeated to fill
+    ``duration_s``."""
+    per_fault = hold_s + QUIET_S + 2.0
+    slots = max(len(names), int((duration_s - WARMUP_S) // per_fault))
+    order: list[str] = []
+    while len(order) < slots:
+        batch = list(names)
+        rng.shuffle(batch)
+        order.extend(batch)
+    return order[:slots]
+
+
+async def _drill(
+    args: argparse.Namespace, out: Path, cluster: LocalCluster, ctx_net: Any
+) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    history = History(out / "history.jsonl")
+    events = _event_writer(out / "logs" / "drill")
+    stop_consumers = asyncio.Event()
+    result: dict[str, Any] = {}
+    try:
+        async with Client(cluster.urls, deadline_s=10, request_timeout_s=2.5) as client:
+            await asyncio.to_thread(cluster.wait_leader, 60)
+            kinds = ["plain", "level", "timer"]
+            if not await _timers_supported(client):
+                _progress("this broker does not accept timers (deliver_at_ms); skipping them")
+                kinds.remove("timer")
+            workload = Workload(
+                client,
+                history,
+                rng,
+                args.seed,
+                WorkloadConfig(rate=args.rate, kinds=tuple(kinds)),
+            )
+            consumers = workload.start_consumers(stop_consumers)
+
+            def record(type_: str, **detail: Any) -> None:
+                rec = history.add("fault", type_, **detail)
+                _record_event(
+                    events,
+                    {"phase": type_, **{k: v for k, v in rec.items() if k not in ("op", "type")}},
+                )
+                if type_ == "start":
+                    _progress(f"fault {detail.get('fault')} {detail}")
+
+            ctx = faultlib.FaultContext(
+                cluster=cluster,
+                rng=rng,
+                network=ctx_net,
+                record=record,
+                burst=workload.burst,
+                hold_s=args.hold,
+            )
+            skipped: dict[str, str] = {}
+            runnable = []
+            for name in args.faults:
+                why = faultlib.unavailable_reason(name, ctx_net, args.skew_ready)
+                if why:
+                    skipped[name] = why
+                    _progress(f"skipping {name}: {why}")
+                else:
+                    runnable.append(name)
+            order = plan_faults(runnable, args.duration, args.hold, rng) if runnable else []
+            _progress(f"seed {args.seed}; faults in order: {', '.join(order) or 'none'}")
+            producing = asyncio.create_task(workload.run_producers(args.duration))
+            started = time.monotonic()
+            await asyncio.sleep(WARMUP_S)
+            try:
+                for name in order:
+                    if time.monotonic() - started > args.duration:
+                        break
+                    await faultlib.inject(name, ctx)
+                    await asyncio.to_thread(cluster.wait_leader, 60)
+                    await asyncio.sleep(QUIET_S)
+            finally:
+                for heal in list(ctx.healers):
+                    heal()
+            await producing
+            await workload.wait_cancels()
+            _progress(f"producers stopped after {history.count} records; draining")
+            drain_deadline = time.monotonic() + 60
+            while workload.outstanding() and time.monotonic() < drain_deadline:
+                await asyncio.sleep(0.2)
+            # Room for a late duplicate to show up before judging.
+            await asyncio.sleep(1.0)
+            stop_consumers.set()
+            await asyncio.gather(*consumers, return_exceptions=True)
+            result["skipped_faults"] = skipped
+            result["faults_run"] = order
+            result["skew_allowance_ms"] = ctx.skew_ms + 50 if ctx.skew_ms else 0
+    finally:
+        history.close()
+        if events is not None:
+            events.close()
+    return result
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    out = Path(args.out_dir or tempfile.mkdtemp(prefix="chronomq-drill-")).absolute()
+    out.mkdir(parents=True, exist_ok=True)
+    network = None
+    want_net = any(f in faultlib.PARTITIONS for f in args.faults)
+    if want_net:
+        ok, why = netns.available()
+        if ok:
+            network = netns.Network(args.nodes)
+        else:
+            _progress(why)
+    args.skew_ready = "clock-skew" in args.faults and faultlib.faketime_available()
+    settings = {**DRILL_SETTINGS, **parse_sets(args.set)}
+    node_dirs = out / "nodes"
+    cluster = LocalCluster(
+        args.nodes,
+        node_dirs,
+        http_port=args.http_port,
+        raft_port=args.raft_port,
+        settings=settings,
+        hosts=network.hosts if network else None,
+        prefix=network.prefix if network else None,
+        node_env={i: faultlib.faketime_env(node_dirs / f"node-{i}") for i in range(args.nodes)}
+        if args.skew_ready
+        else None,
+    )
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        if network is not None:
+            network.setup()
+        cluster.start()
+        _progress(
+            f"{args.nodes} nodes up ({'network namespaces' if network else 'loopback'}); "
+            f"running {args.duration:.0f} s"
+        )
+        extra = asyncio.run(_drill(args, out, cluster, network))
+    finally:
+        cluster.stop()
+        if network is not None:
+            network.teardown()
+        signal.signal(signal.SIGTERM, previous)
+    checked = check(
+        read_history(out / "history.jsonl"), skew_allowance_ms=extra["skew_allowance_ms"]
+    )
+    result = {
+        "nodes": args.nodes,
+        "seed": args.seed,
+        "duration_s": args.duration,
+        "faults": args.faults,
+        **extra,
+        **checked.as_dict(),
+        "out_dir": str(out),
+    }
+    return result
+
+
+def _table(result: dict[str, Any]) -> None:
+    rows: list[tuple[str, Any]] = [
+        ("nodes", result["nodes"]),
+        ("seed", result["seed"]),
+        ("produced", result["produced"]),
+        ("acknowledged", result["acknowledged"]),
+        ("consumed", result["consumed"]),
+        *[(name, result[name]) for name in SAFETY],
+        ("recovered", result["recovered"]),
+        ("cancelled", result["cancelled"]),
+        ("lateness p50/p99/max ms", "{p50} / {p99} / {max}".format(**result["lateness_ms"])),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k.ljust(width)}  {v}")
+    if result["rto_s"]:
+        print()
+        print(
+            f"{'fault'.ljust(18)}  {'n':>3}  {'RTO min':>8}  {'median':>8}  {'max':>8}  produce median"
+        )
+        for name, r in result["rto_s"].items():
+            p = result["produce_rto_s"].get(name, {})
+            print(
+                f"{name.ljust(18)}  {r['n']:>3}  {r['min']!s:>8}  {r['median']!s:>8}  "
+                f"{r['max']!s:>8}  {p.get('median')}"
+            )
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1, 10**6)
+    print(f"seed {args.seed}", file=sys.stderr, flush=True)
+    unknown = [f for f in args.faults if f not in faultlib.ALL_FAULTS]
+    if unknown:
+        print(
+            f"chronomq drill: unknown fault {unknown[0]!r}; choose from {', '.join(faultlib.ALL_FAULTS)}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        result = run(args)
+    except KeyboardInterrupt:
+        print("chronomq drill: interrupted; everything it started was stopped", file=sys.stderr)
+        return 130
+    _table(result)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    if not args.keep and args.out_dir is None:
+        shutil.rmtree(result["out_dir"], ignore_errors=True)
+    safe = all(result[name] == 0 for name in SAFETY)
+    if not safe:
+        print(
+            f"chronomq drill: SAFETY VIOLATION (seed {args.seed}); examples: {result['examples']}",
+            file=sys.stderr,
+        )
+    return 0 if safe else 1
+
+
+def _faults_arg(text: str) -> list[str]:
+    names = [f.strip() for f in text.split(",") if f.strip()]
+    if names == ["all"]:
+        return list(faultlib.ALL_FAULTS)
+    return names
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "drill",
+        help="failover drill: workload + faults + delivery checker",
+        description=__doc__ + "\nfaults: " + ", ".join(faultlib.ALL_FAULTS),
+        epilog="examples:\n"
+        "  chronomq drill --nodes 3 --faults kill-leader,kill-follower,pause-leader "
+        "--duration 60 --seed 7 --out drill.json\n"
+        "  sudo chronomq drill --nodes 5 --faults all --duration 600 --out drill5.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--nodes", type=int, choices=[3, 5], default=3)
+    p.add_argument(
+        "--faults",
+        type=_faults_arg,
+        default=["kill-leader", "kill-follower", "pause-leader"],
+        help="comma-separated fault names, or 'all'",
+    )
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of workload")
+    p.add_argument("--seed", type=int, default=None, help="makes the fault order repeatable")
+    p.add_argument("--rate", type=float, default=100.0, help="messages per second")
+    p.add_argument(
+        "--hold", type=float, default=faultlib.DEFAULT_HOLD_S, help="seconds a fault lasts"
+    )
+    p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument("--out-dir", dest="out_dir", help="keep history and logs here")
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    p.add_argument("--http-port", dest="http_port", type=int, default=23080)
+    p.add_argument("--raft-port", dest="raft_port", type=int, default=24080)
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="extra node config")
+    p.set_defaults(func=main)

@@ -1,0 +1,108 @@
+"""``chronomq drill`` end to end: a short drill is safe, and Ctrl-C leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ops.drill import netns
+from tests.integration.conftest import free_port_base
+
+pytestmark = pytest.mark.integration
+
+
+def drill_cmd(tmp_path: Path, faults: str, duration: int, seed: int) -> list[str]:
+    http, raft = free_port_base(3, random.Random())
+    return [
+        sys.executable,
+        "-m",
+        "cluster",
+        "drill",
+        "--nodes",
+        "3",
+        "--faults",
+        faults,
+        "--duration",
+        str(duration),
+        "--seed",
+        str(seed),
+        "--out",
+        str(tmp_path / "drill.json"),
+        "--out-dir",
+        str(tmp_path / "run"),
+        "--http-port",
+        str(http),
+        "--raft-port",
+        str(raft),
+    ]
+
+
+def leftover_nodes(out_dir: Path) -> list[str]:
+    found = subprocess.run(
+        ["pgrep", "-af", str(out_dir)], capture_output=True, text=True, check=False
+    ).stdout
+    return [line for line in found.splitlines() if "cluster node" in line]
+
+
+def test_short_drill_loses_repeats_and_invents_nothing(tmp_path: Path) -> None:
+    faults = ["kill-leader", "kill-follower", "pause-leader"]
+    if netns.available()[0]:
+        faults.append("partition-leader")
+    seed = random.randrange(1, 10**6)
+    proc = subprocess.run(
+        drill_cmd(tmp_path, ",".join(faults), 45, seed),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    detail = f"seed {seed}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, detail
+    result = json.loads((tmp_path / "drill.json").read_text())
+    for name in ("lost", "duplicated", "early", "unexpected", "cancelled_delivered"):
+        assert result[name] == 0, f"{name}: {detail}"
+    assert result["acknowledged"] > 500, detail
+    assert set(result["faults_run"]) == set(faults), detail
+    assert result["rto_s"]["kill-leader"]["n"] >= 1, detail
+    # The logs are where the report reads them.
+    assert (tmp_path / "run" / "history.jsonl").exists()
+    assert list((tmp_path / "run" / "logs" / "drill").glob("events-*.jsonl")), detail
+    assert not leftover_nodes(tmp_path / "run")
+
+
+def test_ctrl_c_removes_every_process_and_namespace(tmp_path: Path) -> None:
+    faults = "partition-leader,kill-leader" if netns.available()[0] else "kill-leader"
+    proc = subprocess.Popen(
+        drill_cmd(tmp_path, faults, 120, 1),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 120
+    seen = ""
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        seen += line
+        if "[drill] fault" in line or not line:
+            break
+    assert "[drill] fault" in seen, seen
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, seen + err
+    assert not leftover_nodes(tmp_path / "run")
+    if netns.available()[0]:
+        tag = str(proc.pid % 100000)
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert f"cmq{tag}n" not in names, names
+        links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+        assert f"cmq{tag}br" not in links
+    assert os.path.exists(tmp_path / "run" / "history.jsonl")

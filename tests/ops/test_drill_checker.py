@@ -1,0 +1,129 @@
+"""The drill checker on hand-made histories, one anomaly at a time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ops.drill.checker import check
+from ops.drill.history import History, read_history
+
+
+def produce(
+    token: str, t: int, outcome: str = "ok", due: int | None = None, kind: str = "level"
+) -> list[dict[str, Any]]:
+    recs: list[dict[str, Any]] = [
+        {"op": "produce", "type": "invoke", "token": token, "kind": kind, "t_ms": t}
+    ]
+    recs.append({"op": "produce", "type": outcome, "token": token, "t_ms": t + 5, "due_ms": due})
+    return recs
+
+
+def consume(token: str, t: int, store_ms: int, offset: int, queue: int = 0) -> dict[str, Any]:
+    return {
+        "op": "consume",
+        "type": "ok",
+        "token": token,
+        "t_ms": t,
+        "store_ms": store_ms,
+        "topic": "drill",
+        "queue": queue,
+        "offset": offset,
+    }
+
+
+def test_a_clean_history_is_safe() -> None:
+    h = [
+        *produce("a", 1000, due=2000),
+        *produce("b", 1000, kind="plain"),
+        consume("a", 2010, 2003, 0),
+        consume("b", 1010, 1006, 1),
+    ]
+    r = check(h)
+    assert r.safe
+    assert (r.produced, r.acknowledged, r.consumed) == (2, 2, 2)
+    assert r.lateness_ms["max"] == 3
+
+
+def test_lost() -> None:
+    r = check([*produce("a", 1000, due=2000)])
+    assert r.lost == 1 and not r.safe and r.examples["lost"] == ["a"]
+
+
+def test_duplicated_needs_two_positions() -> None:
+    twice_same_offset = [
+        *produce("a", 1000, due=2000),
+        consume("a", 2010, 2003, 0),
+        consume("a", 2020, 2003, 0),  # the same position read again is not a duplicate
+    ]
+    assert check(twice_same_offset).duplicated == 0
+    two_offsets = [*twice_same_offset, consume("a", 2030, 2025, 7)]
+    r = check(two_offsets)
+    assert r.duplicated == 1 and not r.safe
+
+
+def test_early_by_store_time_or_by_when_it_was_read() -> None:
+    by_store = [*produce("a", 1000, due=2000), consume("a", 2100, 1999, 0)]
+    assert check(by_store).early == 1
+    by_read = [*produce("b", 1000, due=2000), consume("b", 1500, 2001, 0)]
+    assert check(by_read).early == 1
+
+
+def test_early_allows_for_injected_skew() -> None:
+    h = [*produce("a", 1000, due=5000), consume("a", 3000, 3000, 0)]
+    assert check(h).early == 1
+    assert check(h, skew_allowance_ms=2500).early == 0
+
+
+def test_unexpected() -> None:
+    r = check([consume("ghost", 2000, 2000, 0)])
+    assert r.unexpected == 1 and r.examples["unexpected"] == ["ghost"]
+
+
+def test_confirmed_cancel_delivered_anyway() -> None:
+    h = [
+        *produce("t", 1000, due=9000, kind="timer"),
+        {"op": "cancel", "type": "ok", "token": "t", "status": "cancelled", "t_ms": 2000},
+        consume("t", 9100, 9001, 0),
+    ]
+    r = check(h)
+    assert r.cancelled_delivered == 1 and not r.safe
+    silent = check(h[:-1])
+    assert silent.safe and silent.cancelled == 1 and silent.lost == 0
+
+
+def test_unknown_or_failed_produce_delivered_is_recovered_not_unsafe() -> None:
+    h = [
+        *produce("u", 1000, outcome="unknown"),
+        *produce("f", 1000, outcome="fail"),
+        consume("u", 3000, 2900, 0),
+    ]
+    r = check(h)
+    assert r.safe and r.recovered == 1 and r.lost == 0 and r.acknowledged == 0
+
+
+def test_recovery_time_after_each_fault() -> None:
+    h = [
+        {"op": "fault", "type": "start", "fault": "kill-leader", "t_ms": 10_000},
+        *produce("a", 9_000, due=10_000),
+        consume("a", 10_900, 10_800, 0),  # first delivery 0.8 s after the fault
+        *produce("b", 10_100, kind="plain"),  # invoked after the fault, ok at 10_105
+        {"op": "fault", "type": "start", "fault": "kill-leader", "t_ms": 20_000},
+        *produce("c", 19_000, due=20_000),
+        consume("c", 21_300, 21_200, 1),
+    ]
+    r = check(h)
+    assert r.rto_s["kill-leader"] == {"n": 2, "min": 0.8, "median": 1.0, "max": 1.2}
+    assert r.produce_rto_s["kill-leader"]["min"] == 0.105
+
+
+def test_history_file_round_trip_ignores_a_torn_tail(tmp_path: Path) -> None:
+    h = History(tmp_path / "h.jsonl")
+    h.add("produce", "invoke", token="a", kind="plain")
+    h.add("produce", "ok", token="a")
+    h.close()
+    with open(tmp_path / "h.jsonl", "ab") as f:
+        f.write(b'{"op": "consu')
+    recs = list(read_history(tmp_path / "h.jsonl"))
+    assert [r["type"] for r in recs] == ["invoke", "ok"]
+    assert check(recs).lost == 1
