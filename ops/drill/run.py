@@ -95,7 +95,7 @@ async def _drill(
 ) -> dict[str, Any]:
     rng = random.Random(args.seed)
     history = History(out / "history.jsonl")
-    events = _event_writer(out / "logs" / "drill")
+    events = _event_writer(out / "logs")
     stop_consumers = asyncio.Event()
     result: dict[str, Any] = {}
     try:
