@@ -8,9 +8,8 @@ consumers drain, and the checker reads the history.
 
 Everything the drill creates (processes, namespaces, bridge, nftables rules, faketime files)
 is removed when it ends, also on Ctrl-C or failure. The output directory keeps the history
-(``history.jsonl``), every node's logs (``nodes/node-<i>/data/logs``) and the drill's own
-events (``logs/drill``), so ``chronomq report --logs OUT/nodes OUT/logs`` shows the failover
-windows.
+(``history.jsonl``), every node's ops logs (``logs/n<i>``) and the drill's fault events
+(``logs/drill``), so ``chronomq report --logs OUT/logs --out REPORT`` shows the failover windows.
 """
 
 from __future__ import annotations
@@ -187,7 +186,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else:
             _progress(why)
     args.skew_ready = "clock-skew" in args.faults and faultlib.faketime_available()
-    settings = {**DRILL_SETTINGS, **parse_sets(args.set)}
+    settings = {**DRILL_SETTINGS, "ops_log_dir": str(out / "logs"), **parse_sets(args.set)}
     node_dirs = out / "nodes"
     cluster = LocalCluster(
         args.nodes,

@@ -1,0 +1,47 @@
+# chronomq: one broker node per container. Configuration comes from CHRONOMQ_* variables
+# (every key of `chronomq config reference`); data lives in the /data volume.
+# See compose.yaml for a 3-node cluster.
+
+# ---- build: install the package and its dependencies into a virtual environment
+FROM python:3.11-slim-bookworm AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY raftlog ./raftlog
+COPY schedule ./schedule
+COPY timer ./timer
+COPY cluster ./cluster
+COPY ops ./ops
+RUN python -m venv /opt/chronomq \
+    && /opt/chronomq/bin/pip install .
+
+# ---- runtime: Python, a Java 17 runtime for the Spark reports, the venv, a non-root user
+FROM python:3.11-slim-bookworm
+# Debian replaces exact package versions with security updates, so pinning one would break
+# the build within weeks; the base image tag fixes the Debian release instead.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 10001 --home-dir /data --shell /usr/sbin/nologin chronomq \
+    && mkdir -p /data \
+    && chown chronomq:chronomq /data
+COPY --from=build /opt/chronomq /opt/chronomq
+# CHRONOMQ_RAFT_HOST must be the name peers use to reach this node (see compose.yaml).
+ENV PATH=/opt/chronomq/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    SPARK_LOCAL_IP=127.0.0.1 \
+    CHRONOMQ_DATA_DIR=/data \
+    CHRONOMQ_HTTP_HOST=0.0.0.0 \
+    CHRONOMQ_HTTP_PORT=8080 \
+    CHRONOMQ_RAFT_PORT=9080 \
+    CHRONOMQ_LOG_FORMAT=json
+# The numeric id, so the runtime needs no passwd lookup to drop privileges.
+USER 10001:10001
+WORKDIR /data
+VOLUME ["/data"]
+EXPOSE 8080 9080 10080
+HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('CHRONOMQ_HTTP_PORT', '8080'), timeout=2)"]
+ENTRYPOINT ["chronomq"]
+CMD ["node"]
