@@ -1,0 +1,36 @@
+"""The README's configuration reference is generated from the key definitions and current."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cluster import config, configdoc
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_reference_is_current() -> None:
+    text = README.read_text()
+    assert configdoc.splice(text) == text, (
+        "README.md's configuration reference is stale: run "
+        "`chronomq config reference --write README.md`"
+    )
+
+
+def test_every_key_is_documented_and_listed() -> None:
+    assert configdoc.undocumented() == []
+    table = configdoc.reference()
+    for key in config.KEYS:
+        assert f"| `{key.name}` |" in table
+
+
+def test_a_new_key_without_documentation_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    extra = config.Key("shiny_new_knob", int, 1, "")
+    monkeypatch.setattr(configdoc, "KEYS", (*config.KEYS, extra))
+    assert configdoc.undocumented() == ["shiny_new_knob"]
+    assert configdoc.main() == 1
+    documented = config.Key("shiny_new_knob", int, 1, "Turns the shiny new knob.")
+    monkeypatch.setattr(configdoc, "KEYS", (*config.KEYS, documented))
+    assert configdoc.main("check", str(README)) == 1  # documented, but not in the README yet
