@@ -559,6 +559,8 @@ class Broker:
         key = f"retry:{group}:{topic}:{queue}:{offset}"
         fut = self.raftlog.append([new], key=key, creates=creates or None, store_ms=store_ms)
         outcome = await self.commit(fut)
+        if self.logs is not None and not outcome.duplicate:
+            self.logs.stored(decision.topic, outcome.placed, [dict(answer)], store_ms)
         if outcome.placed:
             p = outcome.placed[0]
             answer.update(

@@ -203,6 +203,12 @@ def cmd_consume(args: argparse.Namespace) -> int:
     data = _client_call(
         args, lambda c: c.pull(args.topic, args.queue, args.offset, args.max, args.wait_ms)
     )
+    if args.latency_log:
+        from cluster.client import ConsumedLog
+
+        consumed = ConsumedLog(args.latency_log)
+        consumed.consumed(args.topic, data["messages"])
+        consumed.close()
     if args.json:
         print(json.dumps(data, indent=2))
     else:
@@ -227,6 +233,16 @@ def cmd_admin(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------- parser
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from cluster import configdoc
+
+    if args.write:
+        return configdoc.main("write", args.write)
+    if args.check:
+        return configdoc.main("check", args.check)
+    return configdoc.main()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -322,6 +338,12 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--offset", type=int, default=0)
     co.add_argument("--max", type=int, default=32)
     co.add_argument("--wait-ms", dest="wait_ms", type=int, default=0)
+    co.add_argument(
+        "--latency-log",
+        dest="latency_log",
+        metavar="DIR",
+        help="also log the messages as consumed (latency lines for `chronomq report --logs`)",
+    )
     co.set_defaults(func=cmd_consume)
     ad = client_parser("admin", "admin operations", "chronomq admin transfer --to 1")
     ad.add_argument("admin_cmd", choices=["cluster", "config", "set", "transfer"])
@@ -329,12 +351,37 @@ def build_parser() -> argparse.ArgumentParser:
     ad.add_argument("--to", type=int, help="for transfer: target node id")
     ad.set_defaults(func=cmd_admin)
 
+    cfg = sub.add_parser(
+        "config",
+        help="the configuration reference (every key, default and environment variable)",
+        epilog="examples:\n  chronomq config reference\n"
+        "  chronomq config reference --check README.md",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cfg.add_argument("what", choices=["reference"])
+    where = cfg.add_mutually_exclusive_group()
+    where.add_argument("--write", metavar="FILE", help="replace the reference inside FILE")
+    where.add_argument("--check", metavar="FILE", help="exit 1 if FILE's reference is stale")
+    cfg.set_defaults(func=cmd_config)
+
     bench = sub.add_parser("bench", help="benchmarks (print a table, write JSON with --out)")
     bsub = bench.add_subparsers(dest="bench_cmd", required=True, metavar="BENCH")
     try:
         from ops.bench_produce import register as register_bench_produce
 
         register_bench_produce(bsub)
+    except ImportError:
+        pass
+    try:
+        from ops.bench_timer import register as register_bench_timer
+
+        register_bench_timer(bsub)
+    except ImportError:
+        pass
+    try:
+        from cluster.cli_timer import register as register_timer
+
+        register_timer(sub)
     except ImportError:
         pass
     try:

@@ -5,22 +5,34 @@
 * Retries with exponential back-off and an overall deadline; every produce carries an
   ``Idempotency-Key`` so a retried request is stored once.
 * :class:`BatchingProducer` groups single sends into batches; :class:`Consumer` pulls with
-  long-polling and commits its offsets to the cluster.
+  long-polling and commits its offsets to the cluster, and can log when each message was
+  consumed (:class:`ConsumedLog`) for ``chronomq report``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import random
 import time
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
 
+if TYPE_CHECKING:
+    from ops.logwriter import LogWriter, WriterStats
+
 RETRYABLE = {429, 502, 503, 504}
+TIMER_OUT_MS = "TIMER_OUT_MS"
+"""Property of a timer message: its deliver time (kept on the delivered message)."""
+REAL_TOPIC = "REAL_TOPIC"
+"""Property of a delayed message: the topic it waited for (kept on the delivered message)."""
+_log_names = itertools.count()
 
 
 class ClientError(Exception):
@@ -98,6 +110,10 @@ class Client:
                         return body
                     if isinstance(body, dict) and body.get("leader"):
                         self._leader = body["leader"]
+                    elif write and self._leader == base:
+                        # The node we took for the leader cannot serve writes now (lost its
+                        # quorum, or is on the minority side of a partition): ask the others.
+                        self._leader = None
                     if r.status not in RETRYABLE:
                         raise ClientError(r.status, body)
                     last_error = ClientError(r.status, body)
@@ -208,7 +224,27 @@ class Client:
         return result
 
     async def cancel_timer(self, msg_id: str) -> dict[str, Any]:
+        """Cancel a timer message: ``{"status": "cancelled" | "delivered" | "unknown", ...}``."""
         result: dict[str, Any] = await self.request("DELETE", f"/v1/timers/{msg_id}", write=True)
+        return result
+
+    async def timer_status(self, url: str | None = None) -> dict[str, Any]:
+        """``GET /v1/admin/timer`` of one node (any node if ``url`` is not given)."""
+        result: dict[str, Any] = await self.request("GET", "/v1/admin/timer", url=url)
+        return result
+
+    async def timer_switches(
+        self, *, stop_enqueue: bool | None = None, stop_dequeue: bool | None = None
+    ) -> dict[str, Any]:
+        """Stop or start timer enqueue/delivery cluster-wide; returns the switches."""
+        body = {
+            k: v
+            for k, v in (("stop_enqueue", stop_enqueue), ("stop_dequeue", stop_dequeue))
+            if v is not None
+        }
+        result: dict[str, Any] = await self.request(
+            "POST", "/v1/admin/timer/switches", json_body=body, write=True
+        )
         return result
 
     async def cluster(self, url: str | None = None) -> dict[str, Any]:
@@ -283,15 +319,117 @@ class BatchingProducer:
             await self._flush()
 
 
-class Consumer:
-    """Pulls one queue from its committed offset and commits as it goes."""
+def consumed_line(message: Mapping[str, Any], topic: str, consumed_ms: int, node: str) -> bytes:
+    """The ``latency`` line (stage ``consumed``) of one message as pulled (see ops.schema).
 
-    def __init__(self, client: Client, group: str, topic: str, queue: int) -> None:
+    The client knows less than the broker: a timer message says when it was due
+    (``TIMER_OUT_MS``), so it is logged as kind ``timer`` with that ``due_ms``; anything else as
+    ``plain``, since a delivered delay-level message no longer says its level. The report takes
+    the kind, level, store and due times of each message from the broker's ``stored`` line
+    (joining by ``msg_id``, keeping the most specific kind and the earliest times); ``store_ms``
+    is only given for a message that never waited, as a delivered one was stored again.
+    """
+    from ops.schema import MessageKind, Stage, latency_line
+
+    props = message.get("properties") or {}
+    due = props.get(TIMER_OUT_MS)
+    if isinstance(due, str) and due.isascii() and due.isdigit():
+        kind, due_ms, store_ms = MessageKind.TIMER.value, int(due), None
+    else:
+        kind, due_ms = MessageKind.PLAIN.value, None
+        waited = REAL_TOPIC in props or due is not None
+        store_ms = None if waited else message.get("store_ms")
+    return latency_line(
+        str(message["msg_id"]),
+        topic,
+        kind,
+        Stage.CONSUMED.value,
+        node,
+        store_ms=store_ms,
+        due_ms=due_ms,
+        consumed_ms=consumed_ms,
+    )
+
+
+class ConsumedLog:
+    """``consumed`` latency lines of what this client consumed, for ``chronomq report``.
+
+    Written by a background :class:`ops.logwriter.LogWriter` to ``<directory>/<name>/``
+    (``name`` defaults to ``client-<pid>-<n>``, unique in the process); give the report this
+    directory next to the nodes' ones. :meth:`consumed` never blocks; :meth:`close` drains.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        name: str | None = None,
+        *,
+        sample_rate: float = 1.0,
+    ) -> None:
+        from ops.logwriter import LogWriter, LogWriterConfig
+
+        self.name = name or f"client-{os.getpid()}-{next(_log_names)}"
+        self.directory = Path(directory).absolute()
+        self.writer: LogWriter = LogWriter(
+            self.directory, self.name, LogWriterConfig(sample_rate=sample_rate)
+        ).start()
+
+    def consumed(
+        self, topic: str, messages: Sequence[Mapping[str, Any]], consumed_ms: int | None = None
+    ) -> None:
+        """Messages pulled from ``topic`` and handed to the application at ``consumed_ms``."""
+        if not messages:
+            return
+        at_ms = time.time_ns() // 1_000_000 if consumed_ms is None else consumed_ms
+        name = self.name
+        from ops.schema import RecordType
+
+        self.writer.write_rows(
+            RecordType.LATENCY,
+            messages,
+            lambda m: consumed_line(m, topic, at_ms, name),
+            lambda m: str(m["msg_id"]),
+        )
+
+    def close(self) -> WriterStats:
+        return self.writer.close()
+
+
+class Consumer:
+    """Pulls one queue from its committed offset and commits as it goes.
+
+    With ``latency_log_dir``, every message :meth:`poll` returns is logged as consumed
+    (:class:`ConsumedLog`, named ``latency_log_name``); :meth:`close` then drains that log.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        group: str,
+        topic: str,
+        queue: int,
+        *,
+        latency_log_dir: str | os.PathLike[str] | None = None,
+        latency_log_name: str | None = None,
+    ) -> None:
         self.client = client
         self.group = group
         self.topic = topic
         self.queue = queue
         self.offset: int | None = None
+        self.latency_log = (
+            ConsumedLog(latency_log_dir, latency_log_name) if latency_log_dir is not None else None
+        )
+
+    async def __aenter__(self) -> Consumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self.latency_log is not None:
+            await asyncio.to_thread(self.latency_log.close)
 
     async def _start_offset(self) -> int:
         for o in await self.client.offsets(self.group, self.topic):
@@ -305,6 +443,8 @@ class Consumer:
         data = await self.client.pull(self.topic, self.queue, self.offset, max_messages, wait_ms)
         self.offset = data["next_offset"]
         messages: list[dict[str, Any]] = data["messages"]
+        if self.latency_log is not None:
+            self.latency_log.consumed(self.topic, messages)
         return messages
 
     async def commit(self) -> None:

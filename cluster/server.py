@@ -1,7 +1,7 @@
 """``chronomq node --config FILE``: run one broker node until SIGTERM or SIGINT.
 
 Shutdown is graceful: stop accepting requests, let in-flight commits finish, flush and close
-the store, exit 0.
+the store, drain the ops logs (:mod:`cluster.nodelogs`), exit 0.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ import orjson
 from aiohttp import web
 
 from cluster import logs
-from cluster.api import create_app
+from cluster.api import CONFIG_HOOKS, METRICS, create_app
 from cluster.broker import Broker
 from cluster.config import ConfigError, NodeConfig, load
+from cluster.nodelogs import NodeLogs
+from cluster.nodelogs import install_metrics as install_log_metrics
 from cluster.services import close_services, start_services
 from raftlog.node import RaftLog
 
@@ -27,8 +29,12 @@ log = logging.getLogger("chronomq.node")
 async def serve(config: NodeConfig) -> int:
     raftlog = RaftLog(config.raft_config(), auto_create_topics=config.auto_create_topic)
     broker = Broker(config, raftlog)
+    node_logs = NodeLogs(config, raftlog)
+    broker.logs = node_logs
     services = start_services(config, raftlog, broker)
     app = create_app(broker)
+    app[CONFIG_HOOKS].append(node_logs.on_config_change)
+    install_log_metrics(app[METRICS].registry, node_logs)
     runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=5.0)
     await runner.setup()
     site = web.TCPSite(runner, config.http_host, config.http_port, reuse_address=True)
@@ -38,6 +44,7 @@ async def serve(config: NodeConfig) -> int:
         log.error("cannot listen on %s:%s: %s", config.http_host, config.http_port, exc)
         close_services(services)
         raftlog.close()
+        node_logs.close()
         return 2
     log.info(
         "node %s serving HTTP on %s, Raft on %s",
@@ -54,6 +61,7 @@ async def serve(config: NodeConfig) -> int:
     await runner.cleanup()
     await asyncio.to_thread(close_services, services)
     await asyncio.to_thread(raftlog.close)
+    await asyncio.to_thread(node_logs.close)
     log.info("stopped")
     return 0
 

@@ -3,9 +3,17 @@
 ``write(record)`` only appends the record object to a bounded in-memory buffer and returns; a
 thread of the writer's own encodes the records with orjson and writes them as JSON lines to
 ``<directory>/<node>/<type>-<seq>.jsonl``, one open file per record type, rotated when a file
-reaches ``rotate_bytes``. When the buffer is full the record is dropped and counted; the writer
-thread logs how many were dropped (and writes a ``log_drop`` event) at most once per flush
-interval. No I/O and no waiting happen on the caller's thread.
+reaches ``rotate_bytes``. Every drain (each ``drain_interval_ms``, or sooner when the buffer is
+half full) ends with the lines handed to the operating system, so a killed process loses at most
+what it logged in the last drain interval (an OS crash: what the page cache held). When the
+buffer is full the record is dropped and counted; the writer thread logs how many were dropped
+(and writes a ``log_drop`` event) at most once per flush interval. No I/O and no waiting happen
+on the caller's thread.
+
+``write_rows(record_type, rows, render)`` queues many records in one step: the rows are raw
+values the caller already has (tuples, objects it will not change again), and ``render`` turns
+one row into its line on the writer thread. The caller's cost is then one append for a whole
+batch, whatever its size; the buffer still counts, and drops, the rows one by one.
 
 Sampling keeps a fraction ``sample_rate`` of the latency and replication records, decided by a
 hash of the message id (latency) or of the Raft index (replication), so every node and every
@@ -23,8 +31,10 @@ import re
 import threading
 import time
 import zlib
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from ops.schema import (
     EventRecord,
@@ -77,6 +87,16 @@ class LogWriterConfig:
                 "log drain_interval_ms must be within 1..flush_interval_ms, "
                 f"got {self.drain_interval_ms}"
             )
+
+
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """Rows queued by :meth:`LogWriter.write_rows`, rendered into lines on the writer thread."""
+
+    TYPE: RecordType
+    rows: Sequence[Any]
+    render: Callable[[Any], bytes]
+    sample_key: Callable[[Any], str | int] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,10 +174,11 @@ class RotatingFile:
 class LogWriter:
     """Background JSON-lines writer of one node. Start with :meth:`start`, end with :meth:`close`.
 
-    Thread-safe: any thread may call :meth:`write` (the event loop, the Raft thread). The buffer
-    holds at most ``buffer_records`` records, give or take one per thread writing at the very
-    same moment. A record written while :meth:`close` runs may miss the final drain; it then
-    shows as ``accepted - written`` in :meth:`stats`. It is also a context manager.
+    Thread-safe: any thread may call :meth:`write` and :meth:`write_rows` (the event loop, the
+    Raft thread). The buffer holds at most ``buffer_records`` records, give or take one batch per
+    thread writing at the very same moment. A record written while :meth:`close` runs may miss
+    the final drain; it then shows as ``accepted - written`` in :meth:`stats`. It is also a
+    context manager.
     """
 
     def __init__(
@@ -168,7 +189,8 @@ class LogWriter:
         self.config = config or LogWriterConfig()
         self.node = node
         self.directory = Path(directory).absolute() / node
-        self._buffer: collections.deque[Record] = collections.deque()
+        self._buffer: collections.deque[Record | _Rows] = collections.deque()
+        self._buffered = 0  # records in the buffer (a _Rows entry counts its rows)
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -200,18 +222,55 @@ class LogWriter:
                 with self._count_lock:
                     self._sampled_out += 1
                 return False
-        buffer = self._buffer
-        size = len(buffer)
-        if size >= config.buffer_records:
-            with self._count_lock:
-                self._dropped += 1
+        return self._enqueue(record, 1)
+
+    def write_rows(
+        self,
+        record_type: RecordType,
+        rows: Sequence[Any],
+        render: Callable[[Any], bytes],
+        sample_key: Callable[[Any], str | int] | None = None,
+    ) -> bool:
+        """Queue ``rows``, each to become one ``record_type`` line ``render(row)`` (a bytes line
+        with its newline, e.g. from :func:`ops.schema.encode`), rendered on the writer thread.
+
+        ``rows`` must not change after the call. With a sample rate below 1, a row is kept iff
+        ``keep_sample(sample_key(row), rate)`` (no ``sample_key``: every row is kept); rows
+        sampled out count as accepted until the writer thread drops them. The rows are queued
+        all together or, when they do not fit in the buffer, dropped and counted all together.
+        False if switched off, empty or dropped. A row whose ``render`` raises is lost and
+        counted as a write error.
+        """
+        config = self.config
+        if not config.enabled or self._stopping or not rows:
             return False
-        buffer.append(record)
+        return self._enqueue(_Rows(record_type, rows, render, sample_key), len(rows))
+
+    def _enqueue(self, entry: Record | _Rows, n: int) -> bool:
+        if self._buffered + n > self.config.buffer_records:
+            with self._count_lock:
+                self._dropped += n
+            return False
         with self._count_lock:
-            self._accepted += 1
-        if size + 1 >= self._high_water:
+            self._accepted += n
+            self._buffered += n
+            size = self._buffered
+        self._buffer.append(entry)
+        if size >= self._high_water:
             self._wake.set()
         return True
+
+    def reconfigure(
+        self, *, enabled: bool | None = None, sample_rate: float | None = None
+    ) -> LogWriterConfig:
+        """Switch logging on or off, or change the sample rate, while running (any thread)."""
+        changes: dict[str, Any] = {}
+        if enabled is not None:
+            changes["enabled"] = enabled
+        if sample_rate is not None:
+            changes["sample_rate"] = sample_rate
+        self.config = replace(self.config, **changes)
+        return self.config
 
     def stats(self) -> WriterStats:
         with self._count_lock:
@@ -226,7 +285,7 @@ class LogWriter:
 
     @property
     def buffered(self) -> int:
-        return len(self._buffer)
+        return self._buffered
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -267,7 +326,8 @@ class LogWriter:
             self._wake.wait(drain_s)
             self._wake.clear()
             stopping = self._stopping
-            self._drain()
+            if self._drain():
+                self._flush()  # to the OS now: a killed node loses one drain interval at most
             now = time.monotonic()
             if stopping or now >= next_flush:
                 self._report_drops()
@@ -281,16 +341,58 @@ class LogWriter:
             except OSError as exc:
                 _log.error("log writer %s: closing %s failed: %s", self.node, f.path(), exc)
 
-    def _drain(self) -> None:
+    def _drain(self) -> int:
+        """Write out everything buffered; returns how many records it took."""
         buffer = self._buffer
+        taken = 0
         while buffer:
             batch: dict[RecordType, list[bytes]] = {}
             n = 0
             while buffer and n < _DRAIN_BATCH:
-                record = buffer.popleft()
-                batch.setdefault(record.TYPE, []).append(encode(record))
-                n += 1
-            self._write_batch(batch, n)
+                entry = buffer.popleft()
+                if isinstance(entry, _Rows):
+                    n += len(entry.rows)
+                    batch.setdefault(entry.TYPE, []).extend(self._render(entry))
+                else:
+                    n += 1
+                    try:
+                        line = encode(entry)
+                    except (TypeError, ValueError):  # e.g. an event detail orjson cannot encode
+                        _log.exception(
+                            "log writer %s: a %s record did not encode", self.node, entry.TYPE
+                        )
+                        with self._count_lock:
+                            self._write_errors += 1
+                        continue
+                    batch.setdefault(entry.TYPE, []).append(line)
+            with self._count_lock:
+                self._buffered -= n
+            taken += n
+            self._write_batch(batch, sum(len(lines) for lines in batch.values()))
+        return taken
+
+    def _render(self, entry: _Rows) -> list[bytes]:
+        rate = self.config.sample_rate
+        key = entry.sample_key
+        render = entry.render
+        lines: list[bytes] = []
+        sampled_out = failed = 0
+        for row in entry.rows:
+            try:
+                if key is not None and rate < 1.0 and not keep_sample(key(row), rate):
+                    sampled_out += 1
+                    continue
+                lines.append(render(row))
+            except Exception:
+                failed += 1
+                if failed == 1:
+                    _log.exception("log writer %s: a %s row did not render", self.node, entry.TYPE)
+        if sampled_out or failed:
+            with self._count_lock:
+                self._accepted -= sampled_out
+                self._sampled_out += sampled_out
+                self._write_errors += failed
+        return lines
 
     def _write_batch(self, batch: dict[RecordType, list[bytes]], n: int) -> None:
         written = 0

@@ -224,3 +224,82 @@ def test_bad_config_names_the_key(kwargs: dict[str, float], field: str) -> None:
 def test_node_must_be_a_plain_name(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         LogWriter(tmp_path, "../n0")
+
+
+def latency_line(i: int) -> bytes:
+    return encode(latency(i))
+
+
+def test_write_rows_renders_on_the_writer_thread(tmp_path: Path) -> None:
+    rendered_on: set[str] = set()
+
+    def render(i: int) -> bytes:
+        rendered_on.add(threading.current_thread().name)
+        return latency_line(i)
+
+    with LogWriter(tmp_path, "n0") as writer:
+        assert writer.write_rows(RecordType.LATENCY, range(0, 500), render)
+        assert writer.write_rows(RecordType.LATENCY, [500, 501], render)
+        assert not writer.write_rows(RecordType.LATENCY, [], render)
+    assert rendered_on == {"logwriter-n0"}
+    stats = writer.stats()
+    assert stats.accepted == stats.written == 502 and stats.dropped == 0
+    got = [decode(x) for x in lines(tmp_path / "n0", RecordType.LATENCY)]
+    assert got == [latency(i) for i in range(502)]
+
+
+def test_write_rows_are_bounded_and_dropped_together(
+    tmp_path: Path, blocked_sink: threading.Event
+) -> None:
+    writer = LogWriter(tmp_path, "n0", LogWriterConfig(buffer_records=100)).start()
+    writer.write(latency(0))
+    assert blocked_sink.entered.wait(DEADLINE_S)  # type: ignore[attr-defined]
+    assert writer.write_rows(RecordType.LATENCY, range(1, 61), latency_line)
+    assert not writer.write_rows(RecordType.LATENCY, range(61, 111), latency_line)  # 60 + 50 > 100
+    assert writer.write_rows(RecordType.LATENCY, range(111, 151), latency_line)
+    assert not writer.write(latency(999))
+    assert writer.buffered == 100
+    assert writer.stats().dropped == 51
+    blocked_sink.set()
+    stats = writer.close()
+    assert stats.dropped == 51 and writer.buffered == 0
+    assert len(lines(tmp_path / "n0", RecordType.LATENCY)) == 101
+    assert stats.written == 101 + 1  # and the log_drop event
+
+
+def test_write_rows_sample_like_write(tmp_path: Path) -> None:
+    config = LogWriterConfig(sample_rate=0.3)
+    with LogWriter(tmp_path, "rows", config) as by_rows, LogWriter(tmp_path, "one", config) as one:
+        by_rows.write_rows(RecordType.LATENCY, range(3_000), latency_line, lambda i: f"M{i:08d}")
+        for i in range(3_000):
+            one.write(latency(i))
+    kept = [lines(tmp_path / n, RecordType.LATENCY) for n in ("rows", "one")]
+    assert kept[0] == kept[1] and 600 < len(kept[0]) < 1_200
+    rows, single = by_rows.stats(), one.stats()
+    assert rows.sampled_out == single.sampled_out == 3_000 - len(kept[0])
+    assert rows.accepted == rows.written == len(kept[0])
+
+
+def test_a_row_or_record_that_cannot_be_written_is_counted_not_fatal(tmp_path: Path) -> None:
+    def render(i: int) -> bytes:
+        if i == 3:
+            raise KeyError("bad row")
+        return latency_line(i)
+
+    with LogWriter(tmp_path, "n0") as writer:
+        writer.write_rows(RecordType.LATENCY, range(6), render)
+        writer.write(EventRecord(1, "n0", EventType.SERVICE_START, {"x": {1, 2}}))  # type: ignore[dict-item]
+        writer.write(latency(6))
+    stats = writer.stats()
+    assert stats.write_errors == 2 and stats.written == 6
+    assert len(lines(tmp_path / "n0", RecordType.LATENCY)) == 6
+
+
+def test_reconfigure_switches_off_and_on(tmp_path: Path) -> None:
+    with LogWriter(tmp_path, "n0", LogWriterConfig(enabled=False)) as writer:
+        assert not writer.write(latency(0))
+        assert writer.reconfigure(enabled=True, sample_rate=1.0).enabled
+        assert writer.write(latency(1))
+        writer.reconfigure(enabled=False)
+        assert not writer.write_rows(RecordType.LATENCY, [2], latency_line)
+    assert [decode(x) for x in lines(tmp_path / "n0", RecordType.LATENCY)] == [latency(1)]

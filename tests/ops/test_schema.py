@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -253,6 +254,50 @@ def test_any_latency_record_round_trips(record: LatencyRecord) -> None:
     line = encode(record)
     assert line.endswith(b"\n") and b"\n" not in line[:-1]
     assert decode(line) == record
+
+
+@given(latency_records())
+def test_fast_latency_line_is_the_checked_encoding(record: LatencyRecord) -> None:
+    """The nodes' unchecked hot path writes exactly what encode() writes for a valid record."""
+    fast = schema.latency_line(
+        record.msg_id,
+        record.topic,
+        record.kind.value,
+        record.stage.value,
+        record.node,
+        level=record.level,
+        store_ms=record.store_ms,
+        due_ms=record.due_ms,
+        delivered_ms=record.delivered_ms,
+        consumed_ms=record.consumed_ms,
+    )
+    assert fast == encode(record)
+
+
+@given(latency_records())
+def test_latency_lines_splice_ids_into_the_checked_encoding(record: LatencyRecord) -> None:
+    lines = schema.LatencyLines(
+        record.topic,
+        record.kind,
+        record.stage,
+        record.node,
+        level=record.level,
+        store_ms=record.store_ms,
+        due_ms=record.due_ms,
+        delivered_ms=record.delivered_ms,
+        consumed_ms=record.consumed_ms,
+    )
+    assert lines.line(record.msg_id) == encode(record)  # any id: spliced or encoded
+    for msg_id in ("01A20035F936D0E4DC6E55B8258416E6", "M1"):
+        assert lines.line(msg_id) == encode(dataclasses.replace(record, msg_id=msg_id))
+
+
+def test_latency_lines_check_the_record_once() -> None:
+    with pytest.raises(InvalidRecord, match="due_ms"):
+        schema.LatencyLines("orders", MessageKind.LEVEL, Stage.STORED, "n0", level=1, store_ms=5)
+    lines = schema.LatencyLines("orders", "plain", "stored", "n0", store_ms=5)
+    with pytest.raises(InvalidRecord, match="msg_id"):
+        lines.line("")
 
 
 @given(
