@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 
@@ -21,13 +22,20 @@ from cluster.config import ConfigError, NodeConfig, load
 from cluster.nodelogs import NodeLogs
 from cluster.nodelogs import install_metrics as install_log_metrics
 from cluster.services import close_services, start_services
+from raftlog.clock import SkewedClock
 from raftlog.node import RaftLog
 
 log = logging.getLogger("chronomq.node")
 
 
 async def serve(config: NodeConfig) -> int:
-    raftlog = RaftLog(config.raft_config(), auto_create_topics=config.auto_create_topic)
+    skew_file = os.environ.get("CHRONOMQ_CLOCK_SKEW_FILE")
+    clock = SkewedClock(skew_file) if skew_file else None
+    if skew_file:
+        log.warning("wall clock skewed by the offset in %s (a drill fault)", skew_file)
+    raftlog = RaftLog(
+        config.raft_config(), clock=clock, auto_create_topics=config.auto_create_topic
+    )
     broker = Broker(config, raftlog)
     node_logs = NodeLogs(config, raftlog)
     broker.logs = node_logs

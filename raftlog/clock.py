@@ -60,3 +60,34 @@ class FakeClock:
         if now_ms < self._now_ms:
             raise ClockWentBackwards(f"cannot go from {self._now_ms} back to {now_ms}")
         self._now_ms = now_ms
+
+
+class SkewedClock(SystemClock):
+    """The system clock moved by an offset read from a file: the drill's clock-skew fault.
+
+    The file holds an integer number of milliseconds (``-3000``, ``+2500``); it is re-read at
+    most every ``reread_ms``, and a missing or unreadable file means no skew. Only the wall
+    clock moves (store times, due checks); Raft's timers keep the monotonic clock. Enabled by
+    the environment variable ``CHRONOMQ_CLOCK_SKEW_FILE``. (libfaketime, the usual tool, hangs
+    Python's threading waits on Debian 12 through its pthread_cond_timedwait interposer.)
+    """
+
+    def __init__(self, path: str, reread_ms: float = 200.0) -> None:
+        self._path = path
+        self._reread_ms = reread_ms
+        self._offset_ms = 0
+        self._read_at = -reread_ms
+
+    def offset_ms(self) -> int:
+        now = self.monotonic_ms()
+        if now - self._read_at >= self._reread_ms:
+            self._read_at = now
+            try:
+                with open(self._path) as f:
+                    self._offset_ms = int(f.read().strip() or 0)
+            except (OSError, ValueError):
+                self._offset_ms = 0
+        return self._offset_ms
+
+    def now_ms(self) -> int:
+        return super().now_ms() + self.offset_ms()

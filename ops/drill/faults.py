@@ -11,11 +11,12 @@ pause-leader       SIGSTOP the leader for 0.25 s (under the election timeout) or
 partition-leader   cut the leader from every other node (root, network namespaces)
 isolate-follower   cut a random follower from every other node (root)
 partition-halves   cut the nodes into two halves (root)
-clock-skew         step one node's clock by 2-5 s either way (libfaketime), then back
+clock-skew         move one node's wall clock by 2-5 s either way, then back (the broker's
+                   clock reads a skew file; Raft's monotonic timers are left alone)
 kill-at-due        produce a burst of delayed messages, and SIGKILL the leader as they fall due
 =================  =========================================================================
 
-A fault that cannot run here (no root, no libfaketime) is skipped with a message, once.
+A fault that cannot run here (no root for partitions) is skipped with a message, once.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from typing import Any
 from cluster.launcher import LocalCluster
 from ops.drill import netns
 
-FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
 PARTITIONS = ("partition-leader", "isolate-follower", "partition-halves")
 ALL_FAULTS = (
     "kill-leader",
@@ -46,23 +46,12 @@ ALL_FAULTS = (
 DEFAULT_HOLD_S = 3.0
 
 
-def faketime_available() -> bool:
-    return Path(FAKETIME_LIB).exists()
-
-
-def faketime_env(node_dir: Path) -> dict[str, str]:
-    """Environment that lets the drill move a node's wall clock through a file."""
-    stamp = node_dir / "faketime"
+def skew_env(node_dir: Path) -> dict[str, str]:
+    """Environment that lets the drill move a node's wall clock through a file (ms offset)."""
+    stamp = node_dir / "clock-skew"
     node_dir.mkdir(parents=True, exist_ok=True)
-    stamp.write_text("+0\n")
-    # FAKETIME_DONT_FAKE_MONOTONIC=1 would move the wall clock only, but Debian's libfaketime
-    # 0.9.10 then fails clock_nanosleep (every time.sleep raises EINVAL and pysyncobj's tick
-    # thread dies). So the monotonic clock steps with the wall clock: a harsher fault.
-    return {
-        "LD_PRELOAD": FAKETIME_LIB,
-        "FAKETIME_TIMESTAMP_FILE": str(stamp),
-        "FAKETIME_CACHE_DURATION": "1",
-    }
+    stamp.write_text("0\n")
+    return {"CHRONOMQ_CLOCK_SKEW_FILE": str(stamp)}
 
 
 def unavailable_reason(name: str, network: netns.Network | None, skew: bool) -> str | None:
@@ -70,7 +59,7 @@ def unavailable_reason(name: str, network: netns.Network | None, skew: bool) -> 
         ok, why = netns.available()
         return why or "partition faults need the nodes in network namespaces"
     if name == "clock-skew" and not skew:
-        return "clock-skew needs libfaketime (apt-get install faketime)"
+        return "clock-skew needs the nodes started with a skew file"
     return None
 
 
@@ -179,18 +168,18 @@ async def partition_halves(ctx: FaultContext) -> dict[str, Any]:
 async def clock_skew(ctx: FaultContext) -> dict[str, Any]:
     node = ctx.rng.randrange(ctx.cluster.n)
     skew_ms = ctx.rng.choice((-1, 1)) * ctx.rng.randint(2000, 5000)
-    stamp = ctx.cluster.node_dir(node) / "faketime"
+    stamp = ctx.cluster.node_dir(node) / "clock-skew"
     ctx.skew_ms = max(ctx.skew_ms, abs(skew_ms))
     ctx.record("start", fault="clock-skew", node=node, skew_ms=skew_ms)
 
     def reset() -> None:
-        stamp.write_text("+0\n")
+        stamp.write_text("0\n")
 
     ctx.healers.append(reset)
-    stamp.write_text(f"{skew_ms / 1000:+.3f}\n")
-    await asyncio.sleep(ctx.hold_s + 2)  # libfaketime re-reads the file once a second
+    stamp.write_text(f"{skew_ms}\n")
+    await asyncio.sleep(ctx.hold_s)
     reset()
-    await asyncio.sleep(1.5)
+    await asyncio.sleep(0.5)  # the node re-reads the file every 200 ms
     ctx.healers.remove(reset)
     ctx.record("end", fault="clock-skew", node=node)
     return {"node": node, "skew_ms": skew_ms}

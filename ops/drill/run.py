@@ -6,7 +6,7 @@ time: a warm-up, then each fault of ``--faults`` in turn (in an order drawn from
 each followed by a quiet period, until ``--duration`` is over. Producers then stop, the
 consumers drain, and the checker reads the history.
 
-Everything the drill creates (processes, namespaces, bridge, nftables rules, faketime files)
+Everything the drill creates (processes, namespaces, bridge, nftables rules, clock-skew files)
 is removed when it ends, also on Ctrl-C or failure. The output directory keeps the history
 (``history.jsonl``), every node's ops logs (``logs/n<i>``) and the drill's fault events
 (``logs/drill``), so ``chronomq report --logs OUT/logs --out REPORT`` shows the failover windows.
@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             network = netns.Network(args.nodes)
         else:
             _progress(why)
-    args.skew_ready = "clock-skew" in args.faults and faultlib.faketime_available()
+    args.skew_ready = "clock-skew" in args.faults
     settings = {**DRILL_SETTINGS, "ops_log_dir": str(out / "logs"), **parse_sets(args.set)}
     node_dirs = out / "nodes"
     cluster = LocalCluster(
@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         settings=settings,
         hosts=network.hosts if network else None,
         prefix=network.prefix if network else None,
-        node_env={i: faultlib.faketime_env(node_dirs / f"node-{i}") for i in range(args.nodes)}
+        node_env={i: faultlib.skew_env(node_dirs / f"node-{i}") for i in range(args.nodes)}
         if args.skew_ready
         else None,
     )
