@@ -151,6 +151,11 @@ async def _drill(
                     await faultlib.inject(name, ctx)
                     await asyncio.to_thread(cluster.wait_leader, 60)
                     await asyncio.sleep(QUIET_S)
+            except (RuntimeError, TimeoutError) as exc:
+                # A node that exits by itself, or a cluster that stays leaderless, ends the
+                # faults; the history is still checked and the run fails.
+                result["aborted"] = str(exc)
+                _progress(f"faults stopped: {exc}")
             finally:
                 for heal in list(ctx.healers):
                     heal()
@@ -164,6 +169,12 @@ async def _drill(
             await asyncio.sleep(1.0)
             stop_consumers.set()
             await asyncio.gather(*consumers, return_exceptions=True)
+            try:
+                await asyncio.to_thread(cluster.wait_converged, 60)
+                result["replicas_converged"] = True
+            except TimeoutError as exc:
+                result["replicas_converged"] = False
+                _progress(f"replicas differ: {exc}")
             result["skipped_faults"] = skipped
             result["faults_run"] = order
             result["skew_allowance_ms"] = ctx.skew_ms + 50 if ctx.skew_ms else 0
@@ -242,6 +253,7 @@ def _table(result: dict[str, Any]) -> None:
         ("recovered", result["recovered"]),
         ("cancelled", result["cancelled"]),
         ("lateness p50/p99/max ms", "{p50} / {p99} / {max}".format(**result["lateness_ms"])),
+        ("replicas converged", result.get("replicas_converged")),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
@@ -281,6 +293,13 @@ def main(args: argparse.Namespace) -> int:
     if not args.keep and args.out_dir is None:
         shutil.rmtree(result["out_dir"], ignore_errors=True)
     safe = all(result[name] == 0 for name in SAFETY)
+    if not result.get("replicas_converged", False) or result.get("aborted"):
+        print(
+            f"chronomq drill: replicas did not converge or a node failed "
+            f"(seed {args.seed}): {result.get('aborted') or 'digests differ'}",
+            file=sys.stderr,
+        )
+        safe = False
     if not safe:
         print(
             f"chronomq drill: SAFETY VIOLATION (seed {args.seed}); examples: {result['examples']}",

@@ -70,6 +70,7 @@ def test_short_drill_loses_repeats_and_invents_nothing(tmp_path: Path) -> None:
     for name in ("lost", "duplicated", "early", "unexpected", "cancelled_delivered"):
         assert result[name] == 0, f"{name}: {detail}"
     assert result["acknowledged"] > 500, detail
+    assert result["replicas_converged"] is True and not result.get("aborted"), detail
     assert set(result["faults_run"]) == set(faults), detail
     assert result["rto_s"]["kill-leader"]["n"] >= 1, detail
     # The logs are where the report reads them.
