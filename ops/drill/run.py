@@ -66,7 +66,10 @@ def _record_event(writer: Any, detail: dict[str, Any]) -> None:
 
 async def _timers_supported(client: Client) -> bool:
     try:
-        await client.produce(TOPIC, [{"body": "probe", "deliver_at_ms": now_ms() + 60_000}])
+        # Its own topic: the consumers of the drill's topic must not see it.
+        await client.produce(
+            f"{TOPIC}-probe", [{"body": "probe", "deliver_at_ms": now_ms() + 60_000}]
+        )
     except ClientError as exc:
         if exc.status == 400:
             return False
