@@ -1,18 +1,277 @@
-"""HTTP routes of the timer service (arbitrary-time messages)."""
+"""HTTP routes of the timer service (arbitrary-time messages), its metrics and config hook.
+
+Cancel and the runtime switches are writes: a follower forwards them to the leader, which
+answers from the apply of the command it proposed. ``/v1/admin/timer`` is this node's view
+(any node). ``/v1/admin/timer/log`` serves raw TimerLog records to a peer that installed a
+snapshot and must complete its own TimerLog (see :mod:`timer.files`).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import Gauge
+
+from cluster.errors import ApiError, bad_request
+
+log = logging.getLogger(__name__)
+
+_STATS = {"type": "object", "description": "see the README's timer section"}
 
 # (method, path): (summary, request schema or None, 200 response schema, query parameters)
-ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {}
+ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
+    ("DELETE", "/v1/timers/{msg_id}"): (
+        "Cancel a timer message by the msg_id its produce returned: cancelled, delivered or "
+        "unknown. A cancel answered 'cancelled' is never delivered.",
+        None,
+        {
+            "type": "object",
+            "required": ["status"],
+            "properties": {
+                "msg_id": {"type": "string"},
+                "status": {"enum": ["cancelled", "delivered", "unknown"]},
+                "reason": {"type": "string"},
+                "deliver_ms": {"type": "integer"},
+            },
+        },
+        [],
+    ),
+    ("GET", "/v1/admin/timer"): (
+        "Timer state on this node: backlog (total, per topic), read-behind ms, offset-behind, "
+        "congestion, enqueue/dequeue rates, checkpoint, switches, takeover time.",
+        None,
+        _STATS,
+        [],
+    ),
+    ("POST", "/v1/admin/timer/switches"): (
+        "Stop or start timer enqueue and delivery cluster-wide (replicated).",
+        {
+            "type": "object",
+            "properties": {
+                "stop_enqueue": {"type": "boolean"},
+                "stop_dequeue": {"type": "boolean"},
+            },
+            "additionalProperties": False,
+        },
+        {"type": "object"},
+        [],
+    ),
+    ("GET", "/v1/admin/timer/log"): (
+        "Raw TimerLog records [from, to) for a peer completing its TimerLog (internal).",
+        None,
+        {"type": "string", "format": "binary"},
+        ["from", "to"],
+    ),
+}
+
+
+def _service(request: web.Request) -> Any:
+    from cluster.api import BROKER
+
+    service = request.app[BROKER].timer
+    if service is None:
+        raise ApiError(503, "timer_unavailable", "the timer service is not running on this node")
+    return service
+
+
+async def cancel_timer(request: web.Request) -> web.Response:
+    from cluster.api import forward_to_leader, json_response
+
+    forwarded = await forward_to_leader(request)
+    if forwarded is not None:
+        return forwarded
+    return json_response(await _service(request).cancel(request.match_info["msg_id"]))
+
+
+async def timer_admin(request: web.Request) -> web.Response:
+    from cluster.api import json_response
+
+    return json_response(_service(request).stats())
+
+
+def _switch_changes(body: Any) -> dict[str, bool]:
+    if not isinstance(body, dict):
+        raise bad_request(
+            "the body must be an object with stop_enqueue and/or stop_dequeue", "body"
+        )
+    changes: dict[str, bool] = {}
+    for name, value in body.items():
+        if name not in ("stop_enqueue", "stop_dequeue"):
+            raise bad_request(f"unknown switch {name!r}", name)
+        if not isinstance(value, bool):
+            raise bad_request(f"{name} must be true or false", name)
+        changes[name] = value
+    return changes
+
+
+async def timer_switches(request: web.Request) -> web.Response:
+    from cluster.api import forward_to_leader, json_response, read_json
+
+    forwarded = await forward_to_leader(request)
+    if forwarded is not None:
+        return forwarded
+    changes = _switch_changes(await read_json(request))
+    service = _service(request)
+    return json_response({"switches": await service.set_switches(**changes)})
+
+
+def _position(request: web.Request, name: str) -> int:
+    raw = request.query.get(name)
+    if raw is None or not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+        raise bad_request(f"{name} must be a non-negative integer", name)
+    return int(raw)
+
+
+async def timer_log(request: web.Request) -> web.Response:
+    from timer.errors import TimerStateError
+
+    service = _service(request)
+    start, end = _position(request, "from"), _position(request, "to")
+    if end < start:
+        raise bad_request("to must not be below from", "to")
+    try:
+        data, nxt = await asyncio.to_thread(service.read_log, start, end)
+    except TimerStateError as exc:
+        raise ApiError(409, "timerlog_unavailable", str(exc), "to") from None
+    return web.Response(
+        body=data, content_type="application/octet-stream", headers={"X-Timer-Next": str(nxt)}
+    )
 
 
 def add_routes(app: web.Application) -> None:
     """Register the routes of :data:`ROUTES`."""
+    r = app.router
+    r.add_delete("/v1/timers/{msg_id}", cancel_timer)
+    r.add_get("/v1/admin/timer", timer_admin)
+    r.add_post("/v1/admin/timer/switches", timer_switches)
+    r.add_get("/v1/admin/timer/log", timer_log)
+
+
+# ---------------------------------------------------------------------- config hook
+
+_TASKS: set[asyncio.Task[None]] = set()
+_SWITCH_KEYS = {"timer_stop_enqueue": "stop_enqueue", "timer_stop_dequeue": "stop_dequeue"}
+
+
+async def _push_switches(app: web.Application, changes: dict[str, bool]) -> None:
+    """Make a PATCHed timer_stop_* key cluster-wide: the switch is replicated state, so it is
+    set through the leader (here, or over HTTP), retried with back-off for up to 30 s while
+    there is no leader."""
+    from cluster.api import BROKER
+
+    broker = app[BROKER]
+    delay = 0.1
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        try:
+            if broker.raftlog.is_leader and broker.timer is not None:
+                await broker.timer.set_switches(**changes)
+                return
+            leader = broker.leader_url()
+            if leader is not None and leader != broker.config.http_url and broker.session:
+                async with broker.session.post(
+                    f"{leader}/v1/admin/timer/switches", json=changes
+                ) as r:
+                    if r.status == 200:
+                        return
+                    if r.status < 500:
+                        log.warning("leader refused timer switches %s: %s", changes, await r.text())
+                        return
+        except Exception as exc:
+            log.info("setting timer switches %s failed (%s); retrying", changes, exc)
+        if asyncio.get_running_loop().time() > deadline:
+            log.warning("timer switches %s not applied: no leader answered within 30 s", changes)
+            return
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
+
+
+def _config_hook(app: web.Application) -> Any:
+    def hook(changed: dict[str, Any]) -> None:
+        from cluster.api import BROKER
+
+        changes = {_SWITCH_KEYS[k]: bool(v) for k, v in changed.items() if k in _SWITCH_KEYS}
+        if not changes:
+            return
+        service = app[BROKER].timer
+        if service is not None:
+            service.stop_enqueue_default = bool(
+                changes.get("stop_enqueue", service.stop_enqueue_default)
+            )
+            service.stop_dequeue_default = bool(
+                changes.get("stop_dequeue", service.stop_dequeue_default)
+            )
+        task = asyncio.get_running_loop().create_task(_push_switches(app, changes))
+        _TASKS.add(task)
+        task.add_done_callback(_TASKS.discard)
+
+    return hook
+
+
+# ---------------------------------------------------------------------- metrics
 
 
 def install_metrics(app: web.Application) -> None:
-    """Add the service's Prometheus metrics to the app's registry."""
+    """Add the service's Prometheus metrics to the app's registry, and the config hook that
+    makes ``timer_stop_enqueue``/``timer_stop_dequeue`` changes cluster-wide."""
+    from cluster.api import BROKER, CONFIG_HOOKS, METRICS
+
+    app[CONFIG_HOOKS].append(_config_hook(app))
+    metrics = app[METRICS]
+    r = metrics.registry
+    g = {
+        "active": Gauge("chronomq_timer_active", "1 while this node drives the timer", registry=r),
+        "backlog": Gauge("chronomq_timer_backlog", "Messages waiting in the wheel", registry=r),
+        "read_behind": Gauge(
+            "chronomq_timer_read_behind_ms", "How far the read cursor is behind now", registry=r
+        ),
+        "offset_behind": Gauge(
+            "chronomq_timer_offset_behind",
+            "Timer-topic messages not yet put into the wheel",
+            registry=r,
+        ),
+        "enqueue_rate": Gauge(
+            "chronomq_timer_enqueue_per_second", "Messages enqueued per second", registry=r
+        ),
+        "dequeue_rate": Gauge(
+            "chronomq_timer_dequeue_per_second", "Messages delivered per second", registry=r
+        ),
+        "rejected": Gauge(
+            "chronomq_timer_rejected", "Produces refused for a congested slot", registry=r
+        ),
+        "inflight": Gauge(
+            "chronomq_timer_inflight_commands", "Timer commands proposed, not settled", registry=r
+        ),
+    }
+    totals = Gauge("chronomq_timer_messages", "Running totals of the timer", ["event"], registry=r)
+    by_topic = Gauge(
+        "chronomq_timer_backlog_by_topic",
+        "Messages waiting in the wheel per real topic (largest 50)",
+        ["topic"],
+        registry=r,
+    )
+
+    def collect() -> None:
+        service = app[BROKER].timer
+        if service is None:
+            return
+        st = service.stats()
+        g["active"].set(1 if st["active"] else 0)
+        g["backlog"].set(st["backlog"]["total"])
+        g["read_behind"].set(st["read_behind_ms"])
+        g["offset_behind"].set(st["offset_behind"])
+        g["enqueue_rate"].set(st["rates"]["enqueue_per_s"])
+        g["dequeue_rate"].set(st["rates"]["dequeue_per_s"])
+        g["rejected"].set(st["congestion"]["rejected"])
+        g["inflight"].set(st["inflight_commands"])
+        for event, value in st["totals"].items():
+            totals.labels(event).set(value)
+        by_topic.clear()
+        top = sorted(st["backlog"]["by_topic"].items(), key=lambda kv: -kv[1])[:50]
+        for topic, value in top:
+            by_topic.labels(topic).set(value)
+
+    metrics.collectors.append(collect)

@@ -62,4 +62,40 @@ def _schedule(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service |
 
 
 def _timer(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | None:
-    return None
+    """The RIP-43 timer (``timer/``): its apply extension on every node, its driver on the
+    leader. Files live in ``<data_dir>/timer``; a bad ``timer_*`` value stops the node naming
+    the key."""
+    from pathlib import Path
+
+    from cluster.config import ConfigError
+    from timer.errors import InvalidTimerConfig
+    from timer.service import TimerService, timer_config_from
+
+    try:
+        timer_config = timer_config_from(config.values())
+    except InvalidTimerConfig as exc:
+        raise ConfigError(exc.field or "timer", exc.message) from None
+
+    def observer(items: list[tuple[str, str, int, int]], delivered_ms: int) -> None:
+        # Looked up per call: the ops logs may be attached to the broker after this runs.
+        logs = getattr(broker, "logs", None)
+        record = getattr(logs, "delivered_timer", None) if logs is not None else None
+        if record is not None:
+            record(items, delivered_ms)
+
+    def peer_urls() -> list[str]:
+        return [p.http for p in broker.peers() if p.id != config.node_id]
+
+    service = TimerService(
+        raftlog,
+        timer_config,
+        Path(config.data_dir) / "timer",
+        default_topic_queues=config.default_topic_queues,
+        auto_create_topics=config.auto_create_topic,
+        peer_urls=peer_urls,
+        on_delivered=observer,
+        commit_timeout_ms=config.commit_timeout_ms,
+    )
+    broker.timer = service
+    broker.timer_hook = service.produce_hook
+    return service

@@ -9,7 +9,9 @@ A command is binary, never pickled by us::
 
 ``meta`` holds the leader's propose time, the batches (one per client request: idempotency
 key, message count, conditions, state updates, topic creations) and, per message, the topic
-index, queue id and record size. Everything that depends on time, randomness or the node was
+index, queue id and record size. An ``EXTENSION`` command carries no batches: its ``extra`` is
+``{"e": extension name, "p": JSON payload}`` for a registered apply extension
+(:mod:`raftlog.extension`). Everything that depends on time, randomness or the node was
 decided by the leader and is inside the command, so applying it is deterministic.
 """
 
@@ -34,6 +36,7 @@ Scalar = int | str | None
 class Kind(enum.IntEnum):
     APPEND = 1
     BARRIER = 2
+    EXTENSION = 3
 
 
 @dataclass(frozen=True, slots=True)

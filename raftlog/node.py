@@ -13,6 +13,7 @@ lost: pysyncobj alone would keep believing it leads for ``leaderFallbackTimeout`
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
@@ -27,7 +28,7 @@ from raftlog import command as cmdcodec
 from raftlog import record
 from raftlog.catchup import CatchupServer
 from raftlog.clock import Clock, SystemClock
-from raftlog.committer import GroupCommitter, PendingBatch
+from raftlog.committer import GroupCommitter, PendingBatch, _failure
 from raftlog.config import RaftConfig
 from raftlog.consumequeue import tags_hash
 from raftlog.errors import (
@@ -38,6 +39,7 @@ from raftlog.errors import (
     UnknownQueue,
     UnknownTopic,
 )
+from raftlog.extension import ApplyExtension, check_name
 from raftlog.machine import ReplicatedLog, _addr
 from raftlog.store import ApplyResult, BatchOutcome, Store
 
@@ -317,6 +319,48 @@ class RaftLog:
         if not 1 <= queues <= 1024:
             raise InvalidInput("queues must be between 1 and 1024", "queues")
         return self.append((), creates={topic: queues})
+
+    # ------------------------------------------------------------------ extensions
+
+    def register_extension(self, ext: ApplyExtension) -> None:
+        """Register an apply extension (see :mod:`raftlog.extension`) on this node.
+
+        Every node must register the same extensions: a command for one this node lacks
+        waits for it, then stops the node.
+        """
+        self.store.register_extension(ext)
+
+    def propose_extension(self, name: str, payload: object) -> Future[ApplyResult]:
+        """Propose an ``EXTENSION`` command; the future resolves with its :class:`ApplyResult`
+        (``result.ext`` is what the extension's apply returned) once committed and applied here.
+
+        Not group-committed: an extension batches its own work. The future fails with
+        :class:`NotLeader` when leadership changes first. pysyncobj may also never answer (the
+        index covered by an installed snapshot), so callers bound their wait; the outcome is
+        then unknown and an extension's commands must be safe to apply late or twice.
+        """
+        self._check_leader()
+        check_name(name)
+        data = cmdcodec.encode(
+            cmdcodec.Command(
+                cmdcodec.Kind.EXTENSION, self.clock.now_ms(), extra={"e": name, "p": payload}
+            )
+        )
+        fut: Future[ApplyResult] = Future()
+
+        def done(res: Any, err: int) -> None:
+            with contextlib.suppress(Exception):  # the caller may have cancelled it
+                if err == 0:
+                    self._last_ok = time.monotonic()
+                    fut.set_result(res)
+                else:
+                    fut.set_exception(_failure(err))
+
+        try:
+            self.machine._apply_cmd(data, callback=done)
+        except Exception as exc:
+            fut.set_exception(exc)
+        return fut
 
     # ------------------------------------------------------------------ membership
 

@@ -340,3 +340,69 @@ def decode(data: bytes | bytearray | memoryview, at: int = 0) -> Message:
         tags_code=tags_code,
         size=size,
     )
+
+
+def head(data: bytes | bytearray | memoryview, at: int = 0) -> tuple[bytes, int, dict[str, str]]:
+    """``(msg_id, store_ms, properties)`` of the checked record at ``at``, without copying or
+    checking its body separately (the record CRC covers it): what a service reading many
+    records for their properties needs, at a fraction of :func:`decode`'s cost."""
+    size = check(data, at)
+    fields = HEADER.unpack_from(data, at)
+    if fields[1] != MESSAGE_MAGIC:
+        raise StoreCorruption(f"record at {at} is a blank, not a message")
+    topic_len, props_len = fields[14], fields[15]
+    if HEADER_SIZE + topic_len + props_len + fields[16] != size:
+        raise StoreCorruption(f"record at {at} has inconsistent lengths")
+    p = at + HEADER_SIZE + topic_len
+    return bytes(fields[13]), fields[10], decode_properties(bytes(data[p : p + props_len]))
+
+
+def retarget(
+    data: bytes | bytearray | memoryview,
+    at: int = 0,
+    *,
+    topic: str,
+    queue_id: int,
+    store_ms: int,
+    tags_code: int,
+) -> bytearray:
+    """A copy of the record at ``at`` for another topic and queue, as when a delayed message
+    is delivered: same id, properties, body, flags, born time and reconsume count; a new store
+    time and tagsCode. Its offsets are zero until it is placed (:func:`seal`). Copies the
+    properties and body as bytes instead of decoding and encoding them."""
+    size = check(data, at)
+    (_total, magic, _crc, body_crc, _qid, flag, _qoff, _phys, sys_flag, born_ms, _store,
+     reconsume, _tags, msg_id, topic_len, props_len, body_len) = HEADER.unpack_from(data, at)  # fmt: skip
+    if magic != MESSAGE_MAGIC:
+        raise StoreCorruption(f"record at {at} is a blank, not a message")
+    topic_bytes = topic.encode()
+    if not 0 < len(topic_bytes) <= MAX_TOPIC_BYTES:
+        raise InvalidInput(f"topic must be 1..{MAX_TOPIC_BYTES} bytes", "topic")
+    tail = memoryview(data)[at + HEADER_SIZE + topic_len : at + size]
+    total = HEADER_SIZE + len(topic_bytes) + len(tail)
+    buf = bytearray(total)
+    HEADER.pack_into(
+        buf,
+        0,
+        total,
+        MESSAGE_MAGIC,
+        0,
+        body_crc,
+        queue_id,
+        flag,
+        0,
+        0,
+        sys_flag,
+        born_ms,
+        store_ms,
+        reconsume,
+        tags_code,
+        msg_id,
+        len(topic_bytes),
+        props_len,
+        body_len,
+    )
+    buf[HEADER_SIZE : HEADER_SIZE + len(topic_bytes)] = topic_bytes
+    buf[HEADER_SIZE + len(topic_bytes) :] = tail
+    seal(buf, 0, 0, 0)
+    return buf

@@ -7,6 +7,9 @@ Raft; :mod:`raftlog.machine` feeds it committed commands.
 The snapshot (:meth:`Store.snapshot`) is *thin*: the CommitLog length and digest, the tables,
 and a digest of the last 64 KiB, never the CommitLog itself. A node restoring one truncates its
 CommitLog to that length or fetches the missing bytes from a peer (:meth:`Store.restore`).
+
+Registered apply extensions (:mod:`raftlog.extension`) apply ``EXTENSION`` commands; their
+derived records are placed like produced ones and their state lives in ``kv``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import logging
 import os
 import struct
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -32,6 +36,7 @@ from raftlog import record
 from raftlog.commitlog import CommitLog
 from raftlog.consumequeue import UNIT, ConsumeQueueStore, CqUnit
 from raftlog.errors import StoreCorruption
+from raftlog.extension import ApplyContext, ApplyExtension, DerivedRecord, check_name
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +44,8 @@ SNAPSHOT_MAGIC = b"CMQSNAP1"
 _SNAP_HEAD = struct.Struct(">8sQ32s")
 TAIL_DIGEST_BYTES = 64 * 1024
 DEFAULT_IDEMPOTENCY_WINDOW = 20_000
+#: How long a command for an extension that is not registered yet waits for it.
+DEFAULT_EXTENSION_WAIT_S = 60.0
 
 # Outcome status of a batch.
 OK = 0
@@ -75,6 +82,8 @@ class ApplyResult:
     outcomes: tuple[BatchOutcome, ...]
     bytes_written: int
     messages: int
+    #: What an ``EXTENSION`` command's extension returned (``None`` for other kinds).
+    ext: Any = None
 
 
 class Store:
@@ -106,6 +115,11 @@ class Store:
         self.listeners: list[Callable[[ApplyResult], None]] = []
         # Only the leader reads per-message results; followers skip building them.
         self.want_results: Callable[[], bool] = lambda: True
+        # Apply extensions by name. The condition's lock serialises everything an extension
+        # does (attach, apply, before_snapshot); apply waits on it for a late registration.
+        self.extensions: dict[str, ApplyExtension] = {}
+        self._ext_cond = threading.Condition(threading.RLock())
+        self.extension_wait_s = DEFAULT_EXTENSION_WAIT_S
 
     # ------------------------------------------------------------------ queries
 
@@ -142,6 +156,113 @@ class Store:
             for u in self.read_units(topic, queue_id, offset, max_units)
         ]
 
+    # ------------------------------------------------------------------ extensions
+
+    def register_extension(self, ext: ApplyExtension) -> None:
+        """Register an apply extension: align it to the current state, then let its commands
+        (which may be waiting already) apply."""
+        name = check_name(ext.name)
+        with self._ext_cond:
+            if name in self.extensions:
+                raise ValueError(f"an extension named {name!r} is registered already")
+            ext.attach(self)
+            self.extensions[name] = ext
+            self._ext_cond.notify_all()
+
+    def _extension(self, name: str) -> ApplyExtension:
+        """The extension for ``name``, waiting for it to register (the caller holds the lock)."""
+        deadline = time.monotonic() + self.extension_wait_s
+        while name not in self.extensions:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StoreCorruption(
+                    f"a command for apply extension {name!r} arrived, but no such extension "
+                    f"registered within {self.extension_wait_s} s: this node cannot apply it"
+                )
+            log.info("waiting for apply extension %r to register", name)
+            self._ext_cond.wait(min(left, 1.0))
+        return self.extensions[name]
+
+    def _apply_extension(self, cmd: cmdcodec.Command, index: int) -> ApplyResult:
+        extra = cmd.extra
+        name = extra.get("e") if isinstance(extra, Mapping) else None
+        if not isinstance(name, str):
+            raise StoreCorruption("extension command without an extension name")
+        with self._ext_cond:
+            ext = self._extension(name)
+            ctx = ApplyContext(self, index, cmd.propose_ms)
+            out = ext.apply(ctx, extra.get("p"))
+        self.applied_index = index
+        result = ApplyResult(
+            index, cmd.kind, cmd.propose_ms, (), ctx.bytes_written, ctx.messages, ext=out
+        )
+        self._notify(result)
+        return result
+
+    def _append_derived(self, records: Iterable[DerivedRecord]) -> list[Placed]:
+        """Place records an extension derived in apply (see :class:`ApplyContext`)."""
+        sizes: list[int] = []
+        qoffs: list[int] = []
+        cq_keys: list[tuple[str, int]] = []
+        parts: list[bytes | bytearray] = []
+        for r in records:
+            queues = self.topics.get(r.topic)
+            if queues is None or not 0 <= r.queue_id < len(queues):
+                raise StoreCorruption(
+                    f"extension record for topic {r.topic} queue {r.queue_id}, which does not exist"
+                )
+            qoffs.append(queues[r.queue_id])
+            queues[r.queue_id] += 1
+            sizes.append(len(r.data))
+            cq_keys.append((r.topic, r.queue_id))
+            parts.append(r.data)
+        buf = bytearray(b"".join(parts))
+        phys, buf_at = self._write_records(buf, sizes, qoffs, cq_keys)
+        return [
+            Placed(
+                record.msg_id_at(buf, buf_at[i]),
+                cq_keys[i][0],
+                cq_keys[i][1],
+                qoffs[i],
+                phys[i],
+                sizes[i],
+            )
+            for i in range(len(sizes))
+        ]
+
+    def _write_records(
+        self,
+        buf: bytearray,
+        sizes: list[int],
+        qoffs: list[int],
+        cq_keys: list[tuple[str, int]],
+    ) -> tuple[list[int], list[int]]:
+        """Append records packed in ``buf`` to the CommitLog, index them in their
+        ConsumeQueues and extend the hash chain; return physical offsets and where each record
+        starts in ``buf``."""
+        start_len = self.commitlog.length
+        phys = self.commitlog.append_records(buf, sizes, qoffs) if sizes else []
+        end_len = self.commitlog.length
+        # Where each record starts in buf.
+        buf_at = list(itertools.accumulate(sizes[:-1], initial=0)) if sizes else []
+        # ConsumeQueue units, one write per queue.
+        if sizes:
+            grouped: dict[tuple[str, int], list[bytes]] = {}
+            first: dict[tuple[str, int], int] = {}
+            for i, qkey in enumerate(cq_keys):
+                tags_code = record.tags_code_at(buf, buf_at[i])
+                grouped.setdefault(qkey, []).append(UNIT.pack(phys[i], sizes[i], tags_code))
+                first.setdefault(qkey, qoffs[i])
+            for qkey, units in grouped.items():
+                self.cqs.append(qkey[0], qkey[1], first[qkey], b"".join(units))
+        if end_len > start_len:
+            h = hashlib.blake2b(self.chain, digest_size=16)
+            h.update(buf)
+            h.update(struct.pack(">QQ", start_len, end_len))
+            self.chain = h.digest()
+        self.applied_length = end_len
+        return phys, buf_at
+
     # ------------------------------------------------------------------ apply
 
     def apply(self, data: bytes, index: int) -> ApplyResult:
@@ -152,6 +273,8 @@ class Store:
             result = ApplyResult(index, cmd.kind, cmd.propose_ms, (), 0, 0)
             self._notify(result)
             return result
+        if cmd.kind is cmdcodec.Kind.EXTENSION:
+            return self._apply_extension(cmd, index)
         topics = cmd.topics
         messages = cmd.messages
         blob = cmd.blob
@@ -219,20 +342,8 @@ class Store:
             else bytearray(b"".join(blob[a:b] for a, b in keep))
         )
         start_len = self.commitlog.length
-        phys = self.commitlog.append_records(buf, sizes, qoffs) if sizes else []
+        phys, buf_at = self._write_records(buf, sizes, qoffs, cq_keys)
         end_len = self.commitlog.length
-        # Where each record starts in buf.
-        buf_at = list(itertools.accumulate(sizes[:-1], initial=0)) if sizes else []
-        # ConsumeQueue units, one write per queue.
-        if sizes:
-            grouped: dict[tuple[str, int], list[bytes]] = {}
-            first: dict[tuple[str, int], int] = {}
-            for i, qkey in enumerate(cq_keys):
-                tags_code = record.tags_code_at(buf, buf_at[i])
-                grouped.setdefault(qkey, []).append(UNIT.pack(phys[i], sizes[i], tags_code))
-                first.setdefault(qkey, qoffs[i])
-            for qkey, units in grouped.items():
-                self.cqs.append(qkey[0], qkey[1], first[qkey], b"".join(units))
         # Outcomes of accepted batches, and their idempotency entries.
         want = self.want_results()
         for out_idx, key, first_i, count in pending_idem:
@@ -257,12 +368,6 @@ class Store:
             original = outcomes[first_idx]
             assert original is not None
             outcomes[out_idx] = dataclasses.replace(original, duplicate=True)
-        if end_len > start_len:
-            h = hashlib.blake2b(self.chain, digest_size=16)
-            h.update(buf)
-            h.update(struct.pack(">QQ", start_len, end_len))
-            self.chain = h.digest()
-        self.applied_length = end_len
         self.applied_index = index
         result = ApplyResult(
             index,
@@ -323,6 +428,9 @@ class Store:
         if self.flush == "sync":
             self.commitlog.sync()
             self.cqs.sync()
+        with self._ext_cond:
+            for ext in self.extensions.values():
+                ext.before_snapshot(self.applied_index)
         length = self.applied_length
         tail_from = max(0, length - TAIL_DIGEST_BYTES)
         payload = orjson.dumps(
@@ -412,6 +520,12 @@ class Store:
         self.chain = bytes.fromhex(str(snap["chain"]))
         self.applied_index = int(snap["index"])
         self.applied_length = length
+        self._reattach_extensions()
+
+    def _reattach_extensions(self) -> None:
+        with self._ext_cond:
+            for ext in self.extensions.values():
+                ext.attach(self)
 
     def reset(self) -> None:
         """Empty state: used before pysyncobj replays a journal from its start."""
@@ -423,8 +537,15 @@ class Store:
         self.chain = bytes(16)
         self.applied_index = 0
         self.applied_length = 0
+        self._reattach_extensions()
 
     def close(self) -> None:
+        with self._ext_cond:
+            for ext in self.extensions.values():
+                try:
+                    ext.close()
+                except Exception:
+                    log.exception("closing apply extension %s failed", ext.name)
         self.cqs.close()
         self.commitlog.close()
 

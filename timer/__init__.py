@@ -26,4 +26,14 @@ twice or early, and a committed cancel always wins:
 
 These objects are not thread-safe: enqueue, plan, replay and persist run on one thread or
 under one lock.
+
+The driver, following those rules:
+
+- :mod:`timer.machine`: the apply extension (:mod:`raftlog.extension`) every replica runs for
+  a timer command: enqueue, cancels, span replay with deliveries and re-puts.
+- :mod:`timer.state`: the replicated state in kv (cursor, enqueue offset, TimerLog end, ...).
+- :mod:`timer.files`: the local TimerLog/wheel/checkpoint and their realignment to that state
+  after a restart or a snapshot install.
+- :mod:`timer.message`: the timer topic's properties, timer message ids, derived records.
+- :mod:`timer.service`: the leader's driver thread, the produce rewrite, cancel, switches.
 """

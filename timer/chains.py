@@ -45,7 +45,9 @@ def append_linked(log: TimerLog, wheel: TimerWheel, record: TimerRecord) -> int:
         raise TimerStateError(f"slot_ms {record.slot_ms} is not a slot time")
     slot = wheel.get(record.slot_ms)
     prev = slot.tomb_last_pos if record.in_tombstone_chain else slot.last_pos
-    pos = log.append(replace(record, prev_pos=prev))
+    if record.prev_pos != prev:
+        record = replace(record, prev_pos=prev)
+    pos = log.append(record)
     wheel.put(record.slot_ms, pos, tombstone=record.in_tombstone_chain)
     return pos
 

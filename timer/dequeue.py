@@ -29,7 +29,7 @@ TimerLog (when this command is applied) before any later slot is replayed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 
 from timer.chains import RecordReader, SlotReader, tombstone_keys
@@ -176,7 +176,7 @@ class DequeuePlanner:
                 action = classify(record, cancelled)
                 rolled = rolled or action is ItemAction.REPUT
                 items.append(DequeueItem(pos, record, action))
-                cur = replace(cur, next_pos=record.prev_pos)
+                cur = ReadCursor(cur.slot_ms, cur.head_pos, cur.stop_pos, record.prev_pos)
             if not cur.round_done:
                 break
             if slot.last_pos != cur.head_pos:
@@ -215,7 +215,7 @@ class DequeuePlanner:
             while not cur.round_done and cur != to:
                 pos, record = self._read(log, cur)
                 items.append(DequeueItem(pos, record, classify(record, cancelled)))
-                cur = replace(cur, next_pos=record.prev_pos)
+                cur = ReadCursor(cur.slot_ms, cur.head_pos, cur.stop_pos, record.prev_pos)
             if cur == to:
                 break
             if last != cur.head_pos:

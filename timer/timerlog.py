@@ -84,6 +84,13 @@ class RecordFlags(IntFlag):
 
 
 _KNOWN_FLAGS = RecordFlags.TOMBSTONE | RecordFlags.ROLLED
+# Plain ints for the hot paths: IntFlag arithmetic builds enum members on every operation.
+_TOMBSTONE = int(RecordFlags.TOMBSTONE)
+_ROLLED = int(RecordFlags.ROLLED)
+_UNKNOWN = ~int(_KNOWN_FLAGS)
+#: Bytes a read pulls in around the record asked for (one pread serves a chain walk's
+#: neighbours: records of one slot are often written back to back).
+_READ_BLOCK = 64 * 1024
 
 
 def uniq_key_hash(uniq_key: str) -> int:
@@ -121,22 +128,22 @@ class TimerRecord:
             raise TimerStateError("topic_hash must fit u32 and key_hash u64")
         if not 0 <= self.roll_count <= _U32:
             raise TimerStateError(f"roll_count must fit u32, got {self.roll_count}")
-        if self.flags & ~_KNOWN_FLAGS:
+        if int(self.flags) & _UNKNOWN:
             raise TimerStateError(f"unknown record flags {int(self.flags):#x}")
 
     @property
     def is_tombstone(self) -> bool:
-        return bool(self.flags & RecordFlags.TOMBSTONE)
+        return bool(int(self.flags) & _TOMBSTONE)
 
     @property
     def is_rolled(self) -> bool:
-        return bool(self.flags & RecordFlags.ROLLED)
+        return bool(int(self.flags) & _ROLLED)
 
     @property
     def in_tombstone_chain(self) -> bool:
         """Cancels waiting in their target's slot form a chain of their own; a rolled cancel
         only travels, so it sits in the main chain with everything else."""
-        return self.is_tombstone and not self.is_rolled
+        return int(self.flags) & (_TOMBSTONE | _ROLLED) == _TOMBSTONE
 
 
 def encode_record(record: TimerRecord) -> bytes:
@@ -176,13 +183,13 @@ def decode_record(data: bytes, *, path: Path | None = None, pos: int | None = No
         )
     if zlib.crc32(data[:_CRC_SPAN]) != crc:
         raise ChecksumMismatch("TimerLog record checksum mismatch", path=path, pos=pos)
-    if flags & ~int(_KNOWN_FLAGS) or prev < NO_POS or cl_size == 0 or cl_offset < 0:
+    if flags & _UNKNOWN or prev < NO_POS or cl_size == 0 or cl_offset < 0:
         raise TimerCorruptionError(
             f"TimerLog record has impossible fields (flags {flags:#x})", path=path, pos=pos
         )
     return TimerRecord(
         prev_pos=prev,
-        flags=RecordFlags(flags),
+        flags=_FLAGS[flags],
         write_ms=write_ms,
         deliver_ms=deliver_ms,
         slot_ms=slot_ms,
@@ -192,6 +199,9 @@ def decode_record(data: bytes, *, path: Path | None = None, pos: int | None = No
         key_hash=k_hash,
         roll_count=roll,
     )
+
+
+_FLAGS = {int(f): f for f in (RecordFlags(i) for i in range(int(_KNOWN_FLAGS) + 1))}
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +230,8 @@ class TimerLog:
         self._open: OrderedDict[int, int] = OrderedDict()
         self._dirty: set[int] = set()
         self._closed = False
+        # One cached block of a segment: (segment base, offset of the block, its bytes).
+        self._block: tuple[int, int, bytes] = (-1, 0, b"")
         self.open_report = OpenReport(self.start_pos, end_pos, end_pos, 0, 0)
 
     # ----------------------------------------------------------------- opening
@@ -357,6 +369,7 @@ class TimerLog:
             raise TimerStateError(
                 f"cannot truncate TimerLog at {pos} (records span {self.start_pos}..{self._end})"
             )
+        self._block = (-1, 0, b"")
         keep_base = pos - offset
         for base in [b for b in self._bases if b > keep_base or (b == keep_base and offset == 0)]:
             self._forget(base)
@@ -392,8 +405,24 @@ class TimerLog:
                 f"no TimerLog record at {pos} (records span {self.start_pos}..{self._end})"
             )
         base = pos - pos % self._segment_bytes
-        data = os.pread(self._fd(base), RECORD_SIZE, pos - base)
-        return decode_record(data, path=self._dir / f"{base:020d}", pos=pos)
+        offset = pos - base
+        cached_base, block_at, block = self._block
+        at = offset - block_at
+        if cached_base != base or at < 0 or at + RECORD_SIZE > len(block):
+            # Read the block ending just after this record (chains are walked backwards),
+            # never past the end of the log: bytes there may still be written.
+            limit = min(self._end - base, self._usable)
+            block_at = max(0, offset + RECORD_SIZE - _READ_BLOCK)
+            block = os.pread(self._fd(base), limit - block_at, block_at)
+            self._block = (base, block_at, block)
+            at = offset - block_at
+        data = block[at : at + RECORD_SIZE]
+        try:
+            return decode_record(data)
+        except TimerCorruptionError:
+            self._block = (-1, 0, b"")
+            # Again, naming the file and position (building the path costs on the hot path).
+            return decode_record(data, path=self._dir / f"{base:020d}", pos=pos)
 
     def contains(self, pos: int) -> bool:
         return self._is_record_pos(pos) and self.start_pos <= pos < self._end
@@ -481,6 +510,7 @@ class TimerLog:
         return fd
 
     def _forget(self, base: int) -> None:
+        self._block = (-1, 0, b"")
         fd = self._open.pop(base, None)
         self._dirty.discard(base)
         if fd is not None:
@@ -498,3 +528,37 @@ def _fsync_dir(path: Path) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def read_records(
+    directory: Path | str, segment_bytes: int, start: int, end: int, max_records: int
+) -> tuple[bytes, int]:
+    """Raw records from ``start`` towards ``end``: at most ``max_records``, and the position to
+    continue from. Opens the segment files itself, so another thread may serve a peer while
+    the owner of the :class:`TimerLog` keeps appending (records before ``end`` never change).
+    """
+    usable = (segment_bytes // RECORD_SIZE) * RECORD_SIZE
+    root = Path(directory)
+    chunks: list[bytes] = []
+    pos = start
+    left = max_records
+    while pos < end and left > 0:
+        base = pos - pos % segment_bytes
+        offset = pos - base
+        if offset % RECORD_SIZE or offset > usable:
+            raise TimerStateError(f"{pos} is not a TimerLog record position")
+        if offset == usable:
+            pos = base + segment_bytes
+            continue
+        stop = min(end, base + usable, pos + left * RECORD_SIZE)
+        fd = os.open(root / f"{base:020d}", os.O_RDONLY)
+        try:
+            data = os.pread(fd, stop - pos, offset)
+        finally:
+            os.close(fd)
+        if len(data) != stop - pos:
+            raise TimerStateError(f"TimerLog ends before {stop} in segment {base:020d}")
+        chunks.append(data)
+        left -= len(data) // RECORD_SIZE
+        pos = stop if stop < base + usable else base + segment_bytes
+    return b"".join(chunks), min(pos, end)

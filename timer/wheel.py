@@ -40,7 +40,7 @@ import mmap
 import os
 import struct
 import zlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from timer.durable import replace_durably
@@ -237,12 +237,21 @@ class TimerWheel:
         if tombstone:
             if pos <= slot.tomb_last_pos or slot.tomb_count >= _U32:
                 raise TimerStateError(f"cannot chain cancel at {pos} after {slot.tomb_last_pos}")
-            slot = replace(slot, tomb_last_pos=pos, tomb_count=slot.tomb_count + 1)
+            slot = Slot(
+                slot.slot_ms,
+                slot.first_pos,
+                slot.last_pos,
+                slot.count,
+                pos,
+                slot.tomb_count + 1,
+            )
         else:
             if pos <= slot.last_pos or slot.count >= _U32:
                 raise TimerStateError(f"cannot chain record at {pos} after {slot.last_pos}")
             first = pos if slot.first_pos == NO_POS else slot.first_pos
-            slot = replace(slot, first_pos=first, last_pos=pos, count=slot.count + 1)
+            slot = Slot(
+                slot.slot_ms, first, pos, slot.count + 1, slot.tomb_last_pos, slot.tomb_count
+            )
         self._write(index, encode_slot(slot))
         return slot
 

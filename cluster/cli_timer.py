@@ -1,0 +1,109 @@
+"""``chronomq timer ...``: cancel a timer message, show the timer, stop or start it.
+
+Registered by :func:`cluster.cli.build_parser`; every command talks to the cluster through
+:class:`cluster.client.Client` (writes find the leader).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+
+def _call(args: argparse.Namespace, fn: Any) -> Any:
+    from cluster.cli import _client_call
+
+    return _client_call(args, fn)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    answers = [_call(args, lambda c, m=m: c.cancel_timer(m)) for m in args.msg_ids]
+    if args.json:
+        print(json.dumps(answers, indent=2))
+    else:
+        from cluster.cli import print_table
+
+        print_table(answers, ["msg_id", "status", "deliver_ms", "reason"])
+    # 0 when every message is cancelled: scripts can tell a cancel that came too late.
+    return 0 if all(a["status"] == "cancelled" for a in answers) else 3
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    data = _call(args, lambda c: c.timer_status(args.url.split(",")[0]))
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    rows = [
+        ("role", data["role"]),
+        ("backlog", data["backlog"]["total"]),
+        ("read_behind_ms", data["read_behind_ms"]),
+        ("offset_behind", data["offset_behind"]),
+        ("enqueue_per_s", data["rates"]["enqueue_per_s"]),
+        ("dequeue_per_s", data["rates"]["dequeue_per_s"]),
+        ("stop_enqueue", data["switches"]["stop_enqueue"]),
+        ("stop_dequeue", data["switches"]["stop_dequeue"]),
+        ("rejected", data["congestion"]["rejected"]),
+        ("cursor_slot_ms", (data["cursor"] or {}).get("slot_ms")),
+        ("checkpoint_index", (data["checkpoint"] or {}).get("applied_index")),
+    ]
+    rows += [(f"total_{k}", v) for k, v in data["totals"].items()]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k.ljust(width)}  {v}")
+    for topic, n in data["backlog"]["by_topic"].items():
+        print(f"{'backlog ' + topic:<{width}}  {n}")
+    return 0
+
+
+def cmd_switch(args: argparse.Namespace) -> int:
+    stop = args.timer_cmd == "stop"
+    both = not args.enqueue and not args.dequeue
+    changes = {
+        "stop_enqueue": stop if (args.enqueue or both) else None,
+        "stop_dequeue": stop if (args.dequeue or both) else None,
+    }
+    data = _call(args, lambda c: c.timer_switches(**changes))
+    print(json.dumps(data["switches"]))
+    return 0
+
+
+def register(sub: Any) -> None:
+    tp = sub.add_parser(
+        "timer",
+        help="timer messages: cancel, status, stop/start delivery",
+        epilog="examples:\n"
+        "  chronomq timer cancel 01A2003BDE67EA30FB4D291FCE2478CD\n"
+        "  chronomq timer status --url http://127.0.0.1:8081\n"
+        "  chronomq timer stop --dequeue\n"
+        "  chronomq timer start",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tsub = tp.add_subparsers(dest="timer_cmd", required=True, metavar="SUBCOMMAND")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--url",
+            default=os.environ.get("CHRONOMQ_URL", "http://127.0.0.1:8080"),
+            help="one or more node URLs, comma-separated",
+        )
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    cancel = tsub.add_parser(
+        "cancel", help="cancel timer messages by msg_id (exit 3 unless all are cancelled)"
+    )
+    cancel.add_argument("msg_ids", nargs="+", metavar="MSG_ID")
+    common(cancel)
+    cancel.set_defaults(func=cmd_cancel)
+    status = tsub.add_parser("status", help="backlog, read-behind, rates, switches of one node")
+    common(status)
+    status.set_defaults(func=cmd_status)
+    for name, verb in (("stop", "stop"), ("start", "start")):
+        sw = tsub.add_parser(
+            name, help=f"{verb} timer enqueue and/or delivery cluster-wide (both by default)"
+        )
+        sw.add_argument("--enqueue", action="store_true", help=f"{verb} putting into the wheel")
+        sw.add_argument("--dequeue", action="store_true", help=f"{verb} delivering")
+        common(sw)
+        sw.set_defaults(func=cmd_switch)

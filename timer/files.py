@@ -1,0 +1,236 @@
+"""The timer's node-local files (TimerLog, TimerWheel, checkpoint) and how they are kept equal
+to what the replicated log says.
+
+Both files are *derived*: the TimerLog is appended in log order by the apply of timer
+commands, and the wheel is a function of a TimerLog prefix. Writing ``W(P)`` for the wheel
+that linking the records ``[start, P)`` in position order gives (:func:`rebuild_wheel` does
+exactly what the live appends did, lap takeovers included), the files are right for a
+replicated state whose TimerLog ends at ``P`` (kv ``timer/tl``) when the TimerLog holds exactly
+``[start, P)`` and the wheel is ``W(P)``.
+
+:meth:`TimerFiles.align` makes that so from whatever is on disk:
+
+* the TimerLog is cut at ``P`` when longer (a restart replays the journal after the snapshot,
+  which appends those records again) or completed from a peer when shorter (a node that
+  installed a snapshot never applied the commands that wrote them);
+* the wheel is known to be ``W(F)`` for some ``F`` (:attr:`TimerFiles.wheel_pos`); when
+  ``F <= P`` the records ``[F, P)`` are linked onto it, otherwise it is rebuilt from nothing
+  (a wheel cell a later lap took over cannot be given back).
+
+On disk the wheel is written only by :meth:`TimerFiles.persist`, which runs when the Raft
+snapshot is taken, so after a restart the wheel file is normally ``W(P)`` of the snapshot the
+node restarts from and nothing needs linking at all. ``persist`` marks the wheel file dirty
+while it writes it, so a crash half-way is noticed and the wheel rebuilt instead of trusted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from timer.checkpoint import (
+    CHECKPOINT_FILE,
+    TIMERLOG_DIR,
+    WHEEL_FILE,
+    Checkpoint,
+    load_checkpoint,
+    rebuild_wheel,
+    save_checkpoint,
+)
+from timer.config import TimerConfig
+from timer.cursor import ReadCursor
+from timer.errors import TimerConfigMismatch, TimerCorruptionError, TimerStateError
+from timer.timerlog import RECORD_SIZE, TimerLog, decode_record
+from timer.wheel import TimerWheel
+
+log = logging.getLogger(__name__)
+
+DIRTY_MARKER = "timerwheel.dirty"
+
+#: ``fetch(start, end, sink)``: get TimerLog records ``[start, end)`` from a peer, handing raw
+#: records to ``sink`` in order; raises when no peer can serve them.
+Fetch = Callable[[int, int, Callable[[bytes], None]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class AlignReport:
+    target_end: int
+    truncated_bytes: int
+    fetched_records: int
+    linked_from: int
+    rebuilt: bool
+    linked: int
+    seconds: float = 0.0
+
+
+class TimerFiles:
+    """Open timer files under ``root``; see the module docstring. Not thread-safe."""
+
+    def __init__(self, root: Path | str, config: TimerConfig) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.config = config
+        cp = self._load_checkpoint()
+        self.log = TimerLog.open(
+            self.root / TIMERLOG_DIR,
+            segment_bytes=config.timer_log_segment_bytes,
+            verify_from_pos=cp.timerlog_flush_pos if cp is not None else 0,
+        )
+        marker = self.root / DIRTY_MARKER
+        trusted = (
+            cp is not None
+            and not marker.exists()
+            and cp.precision_ms == config.timer_precision_ms
+            and cp.timerlog_flush_pos <= self.log.end_pos
+        )
+        try:
+            self.wheel = TimerWheel.open(self.root / WHEEL_FILE, config.geometry)
+        except TimerConfigMismatch:
+            self.log.close()
+            raise
+        except TimerCorruptionError as exc:
+            log.warning("timer wheel unreadable (%s): rebuilding it", exc)
+            self._set_aside_wheel()
+            self.wheel = TimerWheel.open(self.root / WHEEL_FILE, config.geometry)
+            trusted = False
+        #: The wheel is W(wheel_pos): every record before it is linked, none after.
+        self.wheel_pos = self.log.start_pos
+        if trusted and cp is not None:
+            self.wheel_pos = cp.timerlog_flush_pos
+        else:
+            self._recreate_wheel()
+        self.checkpoint = cp
+        self.last_align: AlignReport | None = None
+
+    def _load_checkpoint(self) -> Checkpoint | None:
+        try:
+            return load_checkpoint(self.root / CHECKPOINT_FILE)
+        except TimerCorruptionError as exc:
+            log.warning("timer checkpoint unreadable (%s): rebuilding the wheel", exc)
+            return None
+
+    # ------------------------------------------------------------------ alignment
+
+    def align(self, target_end: int, fetch: Fetch | None) -> AlignReport:
+        """Make the TimerLog end at ``target_end`` and the wheel ``W(target_end)``."""
+        import time
+
+        t0 = time.monotonic()
+        rebuilt = False
+        if self.wheel_pos > target_end:
+            self._recreate_wheel()
+            rebuilt = True
+        truncated = 0
+        if self.log.end_pos > target_end:
+            truncated = self.log.end_pos - target_end
+            self.log.truncate(target_end)
+        fetched = 0
+        if self.log.end_pos < target_end:
+            if fetch is None:
+                raise TimerStateError(
+                    f"TimerLog ends at {self.log.end_pos}, the replicated state needs "
+                    f"{target_end}, and no peer to fetch the rest from"
+                )
+            fetched = self._fetch(target_end, fetch)
+        linked_from = self.wheel_pos
+        report = rebuild_wheel(self.wheel, self.log, linked_from)
+        self.wheel_pos = self.log.end_pos
+        out = AlignReport(
+            target_end,
+            truncated,
+            fetched,
+            linked_from,
+            rebuilt,
+            report.linked,
+            round(time.monotonic() - t0, 3),
+        )
+        self.last_align = out
+        if truncated or fetched or rebuilt or report.linked:
+            log.info("timer files aligned to TimerLog end %d: %s", target_end, out)
+        return out
+
+    def _fetch(self, target_end: int, fetch: Fetch) -> int:
+        count = 0
+        start = self.log.end_pos
+
+        def sink(data: bytes) -> None:
+            nonlocal count
+            if len(data) % RECORD_SIZE:
+                raise TimerCorruptionError("fetched TimerLog data is not whole records")
+            for at in range(0, len(data), RECORD_SIZE):
+                if self.log.end_pos >= target_end:
+                    raise TimerCorruptionError("a peer sent TimerLog records beyond the target")
+                self.log.append(decode_record(data[at : at + RECORD_SIZE]))
+                count += 1
+
+        log.info("fetching TimerLog [%d, %d) from a peer", start, target_end)
+        fetch(start, target_end, sink)
+        if self.log.end_pos != target_end:
+            raise TimerCorruptionError(
+                f"fetched TimerLog ends at {self.log.end_pos}, expected {target_end}"
+            )
+        return count
+
+    def sync_wheel_pos(self) -> None:
+        """After live appends (each linked at once): the wheel covers the whole TimerLog."""
+        self.wheel_pos = self.log.end_pos
+
+    def _recreate_wheel(self) -> None:
+        self.wheel.close()
+        path = self.root / WHEEL_FILE
+        path.unlink(missing_ok=True)
+        self.wheel = TimerWheel.open(path, self.config.geometry)
+        self.wheel_pos = self.log.start_pos
+
+    def _set_aside_wheel(self) -> None:
+        path = self.root / WHEEL_FILE
+        with contextlib.suppress(FileNotFoundError):
+            path.replace(path.with_name(path.name + ".corrupt"))
+
+    # ------------------------------------------------------------------ persistence
+
+    def persist(
+        self,
+        *,
+        applied_index: int,
+        enqueue_offset: int,
+        cursor: ReadCursor,
+        last_delivered_ms: int,
+    ) -> Checkpoint:
+        """fsync the TimerLog, write the wheel's changed slots, save the checkpoint.
+
+        The dirty marker exists while the wheel file is being written: a crash in between
+        leaves it, and the next start rebuilds the wheel rather than trusting a half-written
+        file.
+        """
+        marker = self.root / DIRTY_MARKER
+        flush_pos = self.log.flush()
+        if self.wheel.dirty_slots:
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self.wheel.flush(durable_log_end=flush_pos)
+        cp = Checkpoint(
+            precision_ms=self.config.timer_precision_ms,
+            applied_index=applied_index,
+            enqueue_offset=enqueue_offset,
+            timerlog_flush_pos=flush_pos,
+            cursor=cursor,
+            last_delivered_ms=last_delivered_ms,
+        )
+        save_checkpoint(self.root / CHECKPOINT_FILE, cp)
+        marker.unlink(missing_ok=True)
+        self.checkpoint = cp
+        return cp
+
+    def close(self) -> None:
+        """Close without persisting: what is not in a checkpoint is derived again from the
+        Raft journal on the next start."""
+        self.wheel.close()
+        self.log.close()
