@@ -614,6 +614,7 @@ class Broker:
             "term": st["term"],
             "commit_index": st["commit_index"],
             "applied_index": st["applied_index"],
+            "log_len": st["log_len"],
             "has_quorum": st["has_quorum"],
             "digest": st["digest"],
             "match_index": st["match_index"],
