@@ -26,6 +26,7 @@ from cluster.errors import ApiError, bad_request
 from raftlog import record
 from raftlog.node import NewMessage, RaftLog
 from raftlog.store import ApplyResult, BatchOutcome
+from schedule import properties as schedule_props
 from schedule import rewrite
 from schedule.levels import SCHEDULE_TOPIC, DelayLevelTable
 
@@ -350,6 +351,11 @@ class Broker:
 
     timer_hook: Any = None
 
+    def _create_schedule_topic(self, creates: dict[str, int]) -> None:
+        """Create the schedule topic with the first batch that needs it (queue n-1 holds level n)."""
+        if self.raftlog.store.queue_count(SCHEDULE_TOPIC) is None:
+            creates[SCHEDULE_TOPIC] = self.levels.max_level
+
     def _stored_extra(self, placed: Any, extra: dict[str, Any]) -> dict[str, Any]:
         if "deliver_ms" not in extra:
             return extra
@@ -361,7 +367,7 @@ class Broker:
         props = msg.properties
         if "TIMER_OUT_MS" in props and props["TIMER_OUT_MS"].isdigit():
             return {**extra, "deliver_ms": int(props["TIMER_OUT_MS"])}
-        level = props.get("DELAY", "")
+        level = props.get(schedule_props.DELAY, "")
         if msg.topic == SCHEDULE_TOPIC and level.isdigit():
             return {**extra, "deliver_ms": msg.store_ms + self.levels.delay_ms(int(level))}
         return extra
@@ -401,10 +407,8 @@ class Broker:
         creates = {}
         if self.config.auto_create_topic and self.raftlog.store.queue_count(topic) is None:
             creates[topic] = self.config.default_topic_queues
-        if self.raftlog.store.queue_count(SCHEDULE_TOPIC) is None and any(
-            m.topic == SCHEDULE_TOPIC for m in messages
-        ):
-            creates[SCHEDULE_TOPIC] = self.levels.max_level  # queue n-1 holds level n
+        if any(m.topic == SCHEDULE_TOPIC for m in messages):
+            self._create_schedule_topic(creates)
         fut = self.raftlog.append(messages, key=key, creates=creates or None, store_ms=store_ms)
         outcome = await self.commit(fut)
         if self.logs is not None and not outcome.duplicate:
@@ -529,8 +533,7 @@ class Broker:
             placed = rewrite.place(
                 decision.topic, 0, decision.delay_level, decision.properties, self.levels
             )
-            if store.queue_count(SCHEDULE_TOPIC) is None:
-                creates[SCHEDULE_TOPIC] = self.levels.max_level
+            self._create_schedule_topic(creates)
             new = NewMessage(
                 placed.topic,
                 msg.body,
@@ -611,6 +614,7 @@ class Broker:
             "term": st["term"],
             "commit_index": st["commit_index"],
             "applied_index": st["applied_index"],
+            "log_len": st["log_len"],
             "has_quorum": st["has_quorum"],
             "digest": st["digest"],
             "match_index": st["match_index"],

@@ -240,6 +240,14 @@ KEYS: tuple[Key, ...] = (
         min=10,
         max=10_000_000,
     ),
+    Key(
+        "log_compaction_min_time_s",
+        int,
+        60,
+        "Seconds at least between thin snapshots.",
+        min=1,
+        max=86_400,
+    ),
     # Security and logs.
     Key(
         "auth_token",
@@ -508,6 +516,7 @@ class NodeConfig:
             leader_fallback_timeout_ms=self.leader_fallback_timeout_ms,
             leader_lease_ms=self.leader_lease_ms,
             log_compaction_min_entries=self.log_compaction_min_entries,
+            log_compaction_min_time_s=self.log_compaction_min_time_s,
         )
 
 

@@ -43,11 +43,6 @@ def level_table(levels: int) -> str:
     return " ".join(f"{i}s" for i in range(1, levels + 1))
 
 
-async def _leader_client(cluster: LocalCluster, client: Client) -> str:
-    leader = cluster.wait_leader(60)
-    return cluster.http_url(leader)
-
-
 async def _preload(
     client: Client, levels: int, per_level: int, body: str, topic: str
 ) -> dict[str, int]:
@@ -81,7 +76,7 @@ async def _drain_phase(
     cluster: LocalCluster, client: Client, mode: str, levels: int, per_level: int, body: str
 ) -> dict[str, Any]:
     await client.set_schedule(mode=mode, paused=True)
-    url = await _leader_client(cluster, client)
+    url = cluster.http_url(await asyncio.to_thread(cluster.wait_leader, 60))
     start = await _offsets(client, url)
     _progress(f"{mode}: loading {levels} x {per_level} messages")
     due = await _preload(client, levels, per_level, body, TOPIC)

@@ -170,6 +170,19 @@ class ConsumeQueueStore:
 
     # ------------------------------------------------------------------ repair
 
+    def _cut_past(self, key: tuple[str, int], end: int) -> int:
+        # Units are in CommitLog order: find the first that ends past ``end``.
+        lo, hi = 0, self._units.get(key, 0)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            unit = self.read(key[0], key[1], mid, 1)[0]
+            if unit.commitlog_offset + unit.size <= end:
+                lo = mid + 1
+            else:
+                hi = mid
+        self.truncate(key[0], key[1], lo)
+        return lo
+
     def repair(self, commitlog: CommitLog, expected: Mapping[tuple[str, int], int]) -> int:
         """Make every queue hold exactly ``expected[queue]`` units, all pointing below the
         CommitLog's end; queues not in ``expected`` are dropped.
@@ -186,15 +199,9 @@ class ConsumeQueueStore:
             scan_from = length
             for key, want in expected.items():
                 self.truncate(key[0], key[1], want)
-                have = self._units.get(key, 0)
                 # A unit must point inside the CommitLog; a stale tail from before a truncation
                 # of the CommitLog is cut here.
-                while have > 0:
-                    last = self.read(key[0], key[1], have - 1, 1)[0]
-                    if last.commitlog_offset + last.size <= length:
-                        break
-                    have -= 1
-                    self.truncate(key[0], key[1], have)
+                have = self._cut_past(key, length)
                 if have < want:
                     behind[key] = have
                     if have == 0:

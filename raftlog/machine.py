@@ -92,7 +92,9 @@ class ReplicatedLog(SyncObj):
         store: Store,
         *,
         on_state_changed: Callable[[int, int], None] | None = None,
+        auto_tick: bool = True,
     ) -> None:
+        """``auto_tick=False``: no Raft thread; the caller drives it with ``_onTick``."""
         self._cfg = config
         self._store = store
         store.want_results = self._isLeader
@@ -122,6 +124,7 @@ class ReplicatedLog(SyncObj):
             appendEntriesBatchSizeBytes=config.append_entries_batch_bytes,
             dynamicMembershipChange=True,
             onStateChanged=on_state_changed,
+            autoTick=auto_tick,
         )
         _WireZlib.level = config.wire_compression_level
         _tcp_connection_module.zlib = _WireZlib
@@ -148,6 +151,13 @@ class ReplicatedLog(SyncObj):
         """
         if (
             isinstance(message, dict)
+            and message.get("type") == "append_entries"
+            and "serialized" in message
+            and "prevLogIdx" not in message
+        ):
+            message = self._hold_commit_index(message)
+        if (
+            isinstance(message, dict)
             and message.get("type") == "next_node_idx"
             and message.get("success")
             and not message.get("reset")
@@ -160,6 +170,19 @@ class ReplicatedLog(SyncObj):
                 next_index[node] = before
             return
         super()._SyncObj__onMessageReceived(node, message)
+
+    def _hold_commit_index(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A snapshot chunk must not move this follower's commit index.
+
+        pysyncobj takes ``commit_index`` from every append message, including the chunks
+        of a snapshot, which carry no ``prevLogIdx``: nothing checks that this follower's
+        log matches the leader's. A follower that was a leader cut off from the majority
+        still holds the entries it appended then, never committed; it would commit and apply
+        them, diverging its CommitLog, before the last chunk replaces its log. The commit
+        index moves again on the first append message checked against the log.
+        """
+        held = min(message.get("commit_index", 0), self._SyncObj__raftCommitIndex)
+        return {**message, "commit_index": held}
 
     # ------------------------------------------------------------------ apply
 
@@ -199,7 +222,7 @@ class ReplicatedLog(SyncObj):
             log.error("rejecting a received snapshot: %s", exc)
             raise
         try:
-            self._store.restore(snap, self._fetch)
+            self._store.restore(snap, self._fetch, self._peer_bytes)
         except Exception as exc:
             log.exception("restoring snapshot at index %s failed", snap.get("index"))
             _fatal(f"restoring a snapshot failed: {exc}")
@@ -215,17 +238,35 @@ class ReplicatedLog(SyncObj):
         log.info("restored snapshot at index %s, CommitLog %s bytes", snap["index"], snap["length"])
         return decode_entry(raft["s"]), decode_entry(raft["s1"]), cluster
 
+    def _fetch_peers(self) -> list[tuple[str, int]]:
+        """Catch-up addresses of the other members, the leader's first."""
+        leader_id = getattr(self._getLeader(), "id", None)
+        ordered = sorted(self._cfg.peers, key=lambda p: p.raft != leader_id)
+        return [_addr(p.fetch) for p in ordered]
+
+    def _peer_bytes(self, start: int, end: int) -> bytes | None:
+        """``[start, end)`` of the first peer's CommitLog that has all of it; None if none has."""
+        for address in self._fetch_peers():
+            chunks: list[bytes] = []
+
+            def keep(_at: int, data: bytes, chunks: list[bytes] = chunks) -> None:
+                chunks.append(data)
+
+            try:
+                got = catchup.fetch_from(address, start, end, keep)
+            except (OSError, ConnectionError) as exc:
+                log.warning(
+                    "reading CommitLog [%d, %d) from %s failed: %s", start, end, address, exc
+                )
+                continue
+            if got == end - start:
+                return b"".join(chunks)
+        return None
+
     def _fetch(self, start: int, end: int) -> None:
         commitlog = self._store.commitlog
-
-        def peers() -> list[tuple[str, int]]:
-            leader = self._getLeader()
-            leader_id = getattr(leader, "id", None)
-            ordered = sorted(self._cfg.peers, key=lambda p: p.raft != leader_id)
-            return [_addr(p.fetch) for p in ordered]
-
         catchup.fetch_range(
-            peers,
+            self._fetch_peers,
             start,
             end,
             commitlog.write_raw,

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 SNAPSHOT_MAGIC = b"CMQSNAP1"
 _SNAP_HEAD = struct.Struct(">8sQ32s")
 TAIL_DIGEST_BYTES = 64 * 1024
+COMPARE_WINDOW_BYTES = 1024 * 1024
 DEFAULT_IDEMPOTENCY_WINDOW = 20_000
 #: How long a command for an extension that is not registered yet waits for it.
 DEFAULT_EXTENSION_WAIT_S = 60.0
@@ -479,12 +480,19 @@ class Store:
             raise StoreCorruption(f"snapshot version {snap.get('v')} is not supported")
         return snap
 
-    def restore(self, snap: Mapping[str, Any], fetch: Callable[[int, int], None]) -> None:
+    def restore(
+        self,
+        snap: Mapping[str, Any],
+        fetch: Callable[[int, int], None],
+        peer_bytes: Callable[[int, int], bytes | None] | None = None,
+    ) -> None:
         """Make this store exactly the snapshot's state.
 
         The CommitLog is truncated to the snapshot's length, or the missing bytes are
-        fetched by ``fetch(start, end)`` (which appends them). Then the tail digest is
-        checked and ConsumeQueues are cut or rebuilt to match.
+        fetched by ``fetch(start, end)`` (which appends them). Before fetching, the local
+        tail is compared with a peer's (``peer_bytes(start, end)``, None when no peer
+        answers); a CommitLog that differs is discarded and fetched whole. Then the tail
+        digest is checked and ConsumeQueues are cut or rebuilt to match.
         """
         length = int(snap["length"])
         if snap["segment_bytes"] != self.commitlog.segment_bytes:
@@ -493,6 +501,18 @@ class Store:
                 f"this node has {self.commitlog.segment_bytes}: the setting must be equal on all nodes"
             )
         have = self.commitlog.length
+        if 0 < have < length and peer_bytes is not None and not self._tail_agrees(have, peer_bytes):
+            # Where the tail departs is not known, and a later window can match by chance
+            # (segment padding): start again from an empty CommitLog.
+            log.error(
+                "the local CommitLog's last bytes before %d differ from a peer's: "
+                "discarding it and fetching all %d bytes again",
+                have,
+                length,
+            )
+            self.commitlog.truncate(0)
+            self.cqs.repair(self.commitlog, {})
+            have = 0
         if have > length:
             self.commitlog.truncate(length)
         elif have < length:
@@ -526,6 +546,20 @@ class Store:
         with self._ext_cond:
             for ext in self.extensions.values():
                 ext.attach(self)
+
+    def _tail_agrees(self, have: int, peer_bytes: Callable[[int, int], bytes | None]) -> bool:
+        """Whether the last bytes of the local CommitLog equal a peer's at the same offsets.
+
+        Bytes a replica holds that the cluster never committed can only be a tail ending at
+        ``have``, and its last record (ids, timestamps) cannot match another by chance. True
+        when no peer answers: the fetch then fails, or the digest check catches a difference.
+        """
+        start = max(self.commitlog.min_offset, have - COMPARE_WINDOW_BYTES)
+        theirs = peer_bytes(start, have)
+        if theirs is None:
+            return True
+        mine = b"".join(os.pread(fd, n, off) for fd, off, n in self.commitlog.ranges(start, have))
+        return mine == theirs
 
     def reset(self) -> None:
         """Empty state: used before pysyncobj replays a journal from its start."""

@@ -44,7 +44,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -52,7 +52,7 @@ from typing import Any, Final
 from raftlog import record
 from raftlog.errors import RaftLogError, StoreCorruption
 from raftlog.node import NewMessage, RaftLog
-from raftlog.store import CONDITION_FAILED, OK, BatchOutcome
+from raftlog.store import OK, BatchOutcome
 from schedule import rewrite
 from schedule.errors import CorruptScheduleMessage
 from schedule.levels import SCHEDULE_TOPIC, DelayLevelTable, format_delay
@@ -131,7 +131,6 @@ class _LevelState:
     delay_ms: int
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     pending: PendingQueue | None = None
-    mode: str = SYNC
     inflight_batches: int = 0
     advance_inflight: bool = False
     delivered_total: int = 0
@@ -326,9 +325,8 @@ class ScheduleService:
             if self.paused:
                 await self._sleep(st, self.settings.poll_ms / 1000)
                 continue
-            st.mode = self.mode
             try:
-                if st.mode == ASYNC:
+                if self.mode == ASYNC:
                     await self._async_session(st)
                 else:
                     wait_s = await self._sync_pass(st)
@@ -622,7 +620,7 @@ class ScheduleService:
         # The offset was not where this range started. Entries it has passed were delivered
         # by an earlier send of theirs; the others wait for what is ahead of them.
         offset = self.offset(st.level)
-        reason = outcome.detail if outcome.status == CONDITION_FAILED else outcome.detail
+        reason = outcome.detail
         for d in batch.deliveries:
             if offset > d.entry.queue_offset:
                 pq.on_success(d.entry.queue_offset)
@@ -730,6 +728,3 @@ class ScheduleService:
             except RuntimeError:  # mutated while we iterated
                 continue
         return None, None
-
-    def metrics_snapshot(self) -> Mapping[int, Mapping[str, Any]]:
-        return {row["level"]: row for row in self.stats()["levels"]}

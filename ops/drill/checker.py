@@ -19,6 +19,7 @@ anyway, which is allowed: "unknown" means exactly that), lateness of delayed mes
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -195,16 +196,17 @@ def _recovery(
         if c.get("store_ms") is not None
     )
     produce_oks = sorted(produce_oks)
+    invoked_at = [invoked for invoked, _ in produce_oks]
     rto: dict[str, list[float]] = defaultdict(list)
     produce_rto: dict[str, list[float]] = defaultdict(list)
     for fault in faults:
         name, start = str(fault.get("fault")), int(fault["t_ms"])
-        nxt = next((d for d in deliveries if d >= start), None)
-        if nxt is not None:
-            rto[name].append((nxt - start) / 1000)
-        ok = next((done for invoked, done in produce_oks if invoked >= start), None)
-        if ok is not None:
-            produce_rto[name].append((ok - start) / 1000)
+        at = bisect.bisect_left(deliveries, start)
+        if at < len(deliveries):
+            rto[name].append((deliveries[at] - start) / 1000)
+        at = bisect.bisect_left(invoked_at, start)
+        if at < len(produce_oks):
+            produce_rto[name].append((produce_oks[at][1] - start) / 1000)
     names = sorted({str(f.get("fault")) for f in faults})
     return (
         {n: _summary(rto.get(n, [])) for n in names},

@@ -56,7 +56,7 @@ def skew_env(node_dir: Path) -> dict[str, str]:
 
 def unavailable_reason(name: str, network: netns.Network | None, skew: bool) -> str | None:
     if name in PARTITIONS and network is None:
-        ok, why = netns.available()
+        _, why = netns.available()
         return why or "partition faults need the nodes in network namespaces"
     if name == "clock-skew" and not skew:
         return "clock-skew needs the nodes started with a skew file"

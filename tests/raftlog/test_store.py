@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from raftlog import record
+from raftlog import store as store_module
 from raftlog.errors import StoreCorruption
 from raftlog.store import (
     BAD_QUEUE,
@@ -574,6 +575,70 @@ def test_restore_into_a_store_that_is_behind(make_store: StoreFactory) -> None:
         fetch(start, end)
 
     b.restore(Store.parse_snapshot(a.snapshot({})), counting_fetch)
+    assert calls == [(have, a.commitlog.length)]
+    assert state(b) == state(a)
+
+
+def _peer_bytes(source: Store) -> Callable[[int, int], bytes | None]:
+    def read(start: int, end: int) -> bytes | None:
+        if end > source.commitlog.length:
+            return None
+        return b"".join(os.pread(fd, n, off) for fd, off, n in source.commitlog.ranges(start, end))
+
+    return read
+
+
+@pytest.mark.parametrize("window", [512, 1 << 20])
+def test_restore_replaces_a_tail_the_cluster_never_committed(
+    make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch, window: int
+) -> None:
+    """A replica that applied entries the cluster replaced (a cut-off leader's) is repaired."""
+    monkeypatch.setattr(store_module, "COMPARE_WINDOW_BYTES", window)
+    a, b = make_store("a"), make_store("b")
+    cmds = random_commands(31, 90)
+    apply_a, apply_b = Applier(a), Applier(b)
+    for data in cmds[:30]:
+        apply_a(data)
+        apply_b(data)
+    common = b.commitlog.length
+    for data in random_commands(77, 8):
+        apply_b(data)
+    for data in cmds[30:]:
+        apply_a(data)
+    assert common < b.commitlog.length < a.commitlog.length
+    calls: list[tuple[int, int]] = []
+    fetch = _fetcher(a, b)
+
+    def counting_fetch(start: int, end: int) -> None:
+        calls.append((start, end))
+        fetch(start, end)
+
+    b.restore(Store.parse_snapshot(a.snapshot({})), counting_fetch, _peer_bytes(a))
+    assert calls == [(0, a.commitlog.length)]
+    assert state(b) == state(a)
+    for (topic, qid), n in b.cqs.queues().items():
+        assert b.read_messages(topic, qid, 0, 10_000) == a.read_messages(topic, qid, 0, 10_000)
+        assert n == a.max_offset(topic, qid)
+
+
+def test_restore_keeps_a_tail_that_agrees(make_store: StoreFactory) -> None:
+    a, b = make_store("a"), make_store("b")
+    cmds = random_commands(32, 40)
+    apply_a, apply_b = Applier(a), Applier(b)
+    for data in cmds[:20]:
+        apply_a(data)
+        apply_b(data)
+    for data in cmds[20:]:
+        apply_a(data)
+    have = b.commitlog.length
+    calls: list[tuple[int, int]] = []
+    fetch = _fetcher(a, b)
+
+    def counting_fetch(start: int, end: int) -> None:
+        calls.append((start, end))
+        fetch(start, end)
+
+    b.restore(Store.parse_snapshot(a.snapshot({})), counting_fetch, _peer_bytes(a))
     assert calls == [(have, a.commitlog.length)]
     assert state(b) == state(a)
 
