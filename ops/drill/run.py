@@ -95,7 +95,10 @@ def plan_faults(
 async def _drill(
     args: argparse.Namespace, out: Path, cluster: LocalCluster, ctx_net: Any
 ) -> dict[str, Any]:
-    rng = random.Random(args.seed)
+    # Separate streams: the workload draws as fast as acknowledgements come back, which
+    # must not move the faults' choices (order, skew amounts) for a given seed.
+    rng = random.Random(f"{args.seed}/faults")
+    workload_rng = random.Random(f"{args.seed}/workload")
     history = History(out / "history.jsonl")
     events = _event_writer(out / "logs")
     stop_consumers = asyncio.Event()
@@ -110,7 +113,7 @@ async def _drill(
             workload = Workload(
                 client,
                 history,
-                rng,
+                workload_rng,
                 args.seed,
                 WorkloadConfig(rate=args.rate, kinds=tuple(kinds)),
             )
