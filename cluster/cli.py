@@ -21,8 +21,13 @@ EXAMPLES = textwrap.dedent(
       chronomq cluster up --nodes 3 --http-port 8080 --raft-port 9080 --data-dir ./var
       chronomq status --url http://127.0.0.1:8080
       chronomq produce orders --body '{"id": 1}' --delay-level 3
-      chronomq consume orders --queue 0 --offset 0
+      chronomq consume orders --queue 0 --offset 0 --wait-ms 5000
+      chronomq timer cancel 01A2003BDE67EA30FB4D291FCE2478CD
+      chronomq drill --faults kill-leader,pause-leader --duration 60 --out drill.json
+      chronomq report --logs ./var/ops --out report
       chronomq bench produce --nodes 3 --messages 200000 --out bench.json
+
+    Every command has its own --help with examples.
     """
 )
 
@@ -195,7 +200,8 @@ def cmd_produce(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
     else:
-        print_table(data["results"], ["msg_id", "queue", "offset"])
+        # A delayed message waits in the schedule or timer topic until deliver_ms.
+        print_table(data["results"], ["msg_id", "topic", "queue", "offset", "deliver_ms"])
     return 0
 
 
@@ -245,6 +251,29 @@ def cmd_config(args: argparse.Namespace) -> int:
     return configdoc.main()
 
 
+def cmd_api(args: argparse.Namespace) -> int:
+    from cluster import apidoc
+
+    if args.write:
+        return apidoc.main("write", args.write)
+    if args.check:
+        return apidoc.main("check", args.check)
+    return apidoc.main()
+
+
+def paragraph(text: str) -> str:
+    """A description wrapped for --help: the raw formatter, which keeps an epilog's examples
+    as written, does not wrap descriptions either."""
+    return textwrap.fill(text, 88)
+
+
+def example_epilog(*lines: str) -> str:
+    """An epilog listing example command lines."""
+    return ("examples:\n" if len(lines) > 1 else "example:\n") + "".join(
+        f"  {line}\n" for line in lines
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="chronomq",
@@ -257,7 +286,11 @@ def build_parser() -> argparse.ArgumentParser:
     node = sub.add_parser(
         "node",
         help="run one broker node",
-        epilog="example:\n  chronomq node --config var/node-0/node.toml",
+        description=paragraph("Run one broker node in the foreground until SIGTERM or Ctrl-C."),
+        epilog=example_epilog(
+            "chronomq node --config var/node-0/node.toml",
+            "CHRONOMQ_DATA_DIR=/data CHRONOMQ_HTTP_HOST=0.0.0.0 chronomq node --set flush=sync",
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     node.add_argument(
@@ -268,41 +301,67 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key")
     node.set_defaults(func=cmd_node)
 
-    cl = sub.add_parser("cluster", help="local clusters")
+    cl = sub.add_parser(
+        "cluster",
+        help="local clusters",
+        description=paragraph("Run a cluster of local node processes on loopback."),
+        epilog=example_epilog(
+            "chronomq cluster up --nodes 3 --http-port 8080 --raft-port 9080 --data-dir ./var"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     clsub = cl.add_subparsers(dest="cluster_cmd", required=True, metavar="SUBCOMMAND")
     up = clsub.add_parser(
         "up",
         help="start N local nodes on loopback until Ctrl-C",
-        epilog="example:\n  chronomq cluster up --nodes 3 --http-port 8080 --raft-port 9080 --data-dir ./var --set flush=sync",
+        description=paragraph(
+            "Start N nodes on 127.0.0.1 and print one line per node, then 'ready' once "
+            "a leader is elected. Node i keeps its config (node.toml), data and log (node.log) in "
+            "DATA_DIR/node-i, so a second run restarts every node on its data. Ctrl-C or SIGTERM "
+            "stops them all."
+        ),
+        epilog=example_epilog(
+            "chronomq cluster up --nodes 3 --http-port 8080 --raft-port 9080 --data-dir ./var",
+            "chronomq cluster up --nodes 5 --set flush=sync --set ops_log_dir=./var/ops",
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--nodes", type=int, default=3, help="number of nodes (default 3)")
     up.add_argument(
-        "--http-port", type=int, default=8080, help="node i serves HTTP on this port + i"
+        "--http-port",
+        type=int,
+        default=8080,
+        help="node i serves HTTP on this port + i (default 8080)",
     )
     up.add_argument(
         "--raft-port",
         type=int,
         default=9080,
-        help="node i uses Raft port + i (and + 1000 for catch-up)",
+        help="node i uses Raft port + i, and + 1000 for catch-up (default 9080)",
     )
-    up.add_argument("--data-dir", default="./var")
+    up.add_argument(
+        "--data-dir", default="./var", help="node i's files go to DATA_DIR/node-i (default ./var)"
+    )
     up.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="config key applied to every node"
     )
     up.set_defaults(func=cmd_cluster_up)
 
-    def client_parser(name: str, help_text: str, example: str) -> argparse.ArgumentParser:
+    def client_parser(
+        name: str, help_text: str, description: str, *examples: str
+    ) -> argparse.ArgumentParser:
         sp = sub.add_parser(
             name,
             help=help_text,
-            epilog=f"example:\n  {example}",
+            description=paragraph(description),
+            epilog=example_epilog(*examples),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         sp.add_argument(
             "--url",
             default=os.environ.get("CHRONOMQ_URL", "http://127.0.0.1:8080"),
-            help="one or more node URLs, comma-separated",
+            help="one or more node URLs, comma-separated; the next is tried when one does not "
+            "answer (default $CHRONOMQ_URL or http://127.0.0.1:8080)",
         )
         sp.add_argument("--json", action="store_true", help="print JSON instead of a table")
         return sp
@@ -310,34 +369,68 @@ def build_parser() -> argparse.ArgumentParser:
     st = client_parser(
         "status",
         "show the cluster: roles, terms, indexes, lag",
+        "Show every node as the cluster sees it: role, term, commit and applied index, "
+        "replication lag, reachability, uptime and the last election's duration.",
         "chronomq status --url http://127.0.0.1:8080",
+        "chronomq status --json | jq .leader",
     )
     st.set_defaults(func=cmd_status)
-    tp = client_parser("topics", "list topics", "chronomq topics")
+    tp = client_parser(
+        "topics",
+        "list topics",
+        "List the topics with their number of queues and messages.",
+        "chronomq topics",
+    )
     tp.set_defaults(func=cmd_topics)
     pr = client_parser(
-        "produce", "send a message", "chronomq produce orders --body hello --delay-level 2"
+        "produce",
+        "send a message",
+        "Send a message, now or delayed: by a delay level (4.x), by delay_ms or at "
+        "deliver_at_ms (timer). Prints where it was stored; a delayed message waits in the "
+        "schedule or timer topic until deliver_ms.",
+        "chronomq produce orders --body hello",
+        "chronomq produce orders --body 'order 42 times out' --delay-level 2",
+        "chronomq produce orders --body reminder --deliver-at-ms 1767225600000",
     )
-    pr.add_argument("topic")
-    pr.add_argument("--body", required=True)
-    pr.add_argument("--tags")
+    pr.add_argument("topic", help="topic to send to (created on first use by default)")
+    pr.add_argument("--body", required=True, help="message body (text)")
+    pr.add_argument("--tags", help="tags of the message")
     pr.add_argument("--keys", help="comma-separated keys")
-    pr.add_argument("--count", type=int, default=1)
+    pr.add_argument("--count", type=int, default=1, help="send this many copies (default 1)")
     g = pr.add_mutually_exclusive_group()
-    g.add_argument("--delay-level", dest="delay_level", type=int)
-    g.add_argument("--delay-ms", dest="delay_ms", type=int)
-    g.add_argument("--deliver-at-ms", dest="deliver_at_ms", type=int)
+    g.add_argument(
+        "--delay-level",
+        dest="delay_level",
+        type=int,
+        help="delay level n of message_delay_level (0: none; above the maximum: the maximum)",
+    )
+    g.add_argument("--delay-ms", dest="delay_ms", type=int, help="deliver this many ms from now")
+    g.add_argument(
+        "--deliver-at-ms",
+        dest="deliver_at_ms",
+        type=int,
+        help="deliver at this time, in ms since the epoch",
+    )
     pr.set_defaults(func=cmd_produce)
     co = client_parser(
         "consume",
         "pull messages from a queue",
+        "Pull messages from one queue of a topic, from an offset, on any node; "
+        "--wait-ms long-polls until a message is there.",
         "chronomq consume orders --queue 0 --offset 0 --wait-ms 5000",
+        "chronomq consume orders --offset 0 --latency-log ./var/ops",
     )
-    co.add_argument("topic")
-    co.add_argument("--queue", type=int, default=0)
-    co.add_argument("--offset", type=int, default=0)
-    co.add_argument("--max", type=int, default=32)
-    co.add_argument("--wait-ms", dest="wait_ms", type=int, default=0)
+    co.add_argument("topic", help="topic to read")
+    co.add_argument("--queue", type=int, default=0, help="queue to read (default 0)")
+    co.add_argument("--offset", type=int, default=0, help="first offset to read (default 0)")
+    co.add_argument("--max", type=int, default=32, help="most messages to return (default 32)")
+    co.add_argument(
+        "--wait-ms",
+        dest="wait_ms",
+        type=int,
+        default=0,
+        help="wait up to this long for a message when none is there yet (default 0)",
+    )
     co.add_argument(
         "--latency-log",
         dest="latency_log",
@@ -345,8 +438,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="also log the messages as consumed (latency lines for `chronomq report --logs`)",
     )
     co.set_defaults(func=cmd_consume)
-    ad = client_parser("admin", "admin operations", "chronomq admin transfer --to 1")
-    ad.add_argument("admin_cmd", choices=["cluster", "config", "set", "transfer"])
+    ad = client_parser(
+        "admin",
+        "admin operations",
+        "Admin operations: the cluster view, the effective config, runtime config changes "
+        "and leadership transfer. Prints JSON.",
+        "chronomq admin transfer --to 1",
+        "chronomq admin set log_level=debug ops_log_sample_rate=0.1",
+        "chronomq admin config --url http://127.0.0.1:8081",
+    )
+    ad.add_argument(
+        "admin_cmd",
+        choices=["cluster", "config", "set", "transfer"],
+        metavar="{cluster,config,set,transfer}",
+        help="cluster: the cluster view; config: this node's effective config; set: change "
+        "runtime keys; transfer: move leadership to --to",
+    )
     ad.add_argument("pairs", nargs="*", help="for set: key=value ...")
     ad.add_argument("--to", type=int, help="for transfer: target node id")
     ad.set_defaults(func=cmd_admin)
@@ -354,17 +461,58 @@ def build_parser() -> argparse.ArgumentParser:
     cfg = sub.add_parser(
         "config",
         help="the configuration reference (every key, default and environment variable)",
-        epilog="examples:\n  chronomq config reference\n"
-        "  chronomq config reference --check README.md",
+        description=paragraph(
+            "Print the configuration reference as a Markdown table, or keep the one "
+            "in a file (between its markers) current."
+        ),
+        epilog=example_epilog(
+            "chronomq config reference",
+            "chronomq config reference --write README.md",
+            "chronomq config reference --check README.md",
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    cfg.add_argument("what", choices=["reference"])
+    cfg.add_argument("what", choices=["reference"], help="what to print: the reference")
     where = cfg.add_mutually_exclusive_group()
     where.add_argument("--write", metavar="FILE", help="replace the reference inside FILE")
     where.add_argument("--check", metavar="FILE", help="exit 1 if FILE's reference is stale")
     cfg.set_defaults(func=cmd_config)
 
-    bench = sub.add_parser("bench", help="benchmarks (print a table, write JSON with --out)")
+    api = sub.add_parser(
+        "api",
+        help="the HTTP API reference (every route, its parameters and answer)",
+        description=paragraph(
+            "Print the HTTP API reference as a Markdown table, generated from the "
+            "routes /openapi.json describes, or keep the one in a file (between its markers) "
+            "current."
+        ),
+        epilog=example_epilog(
+            "chronomq api reference",
+            "chronomq api reference --write README.md",
+            "chronomq api reference --check README.md",
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    api.add_argument("what", choices=["reference"], help="what to print: the reference")
+    api_where = api.add_mutually_exclusive_group()
+    api_where.add_argument("--write", metavar="FILE", help="replace the reference inside FILE")
+    api_where.add_argument("--check", metavar="FILE", help="exit 1 if FILE's reference is stale")
+    api.set_defaults(func=cmd_api)
+
+    bench = sub.add_parser(
+        "bench",
+        help="benchmarks (print a table, write JSON with --out)",
+        description=paragraph(
+            "Benchmarks on a cluster of their own: each prints a table and, with "
+            "--out, writes its figures as one JSON object."
+        ),
+        epilog=example_epilog(
+            "chronomq bench produce --nodes 3 --messages 200000 --out produce.json",
+            "chronomq bench schedule --levels 4 --messages-per-level 20000 --out schedule.json",
+            "chronomq bench timer --rate 2000 --duration 60 --out timer.json",
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     bsub = bench.add_subparsers(dest="bench_cmd", required=True, metavar="BENCH")
     try:
         from ops.bench_produce import register as register_bench_produce

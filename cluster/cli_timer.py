@@ -70,9 +70,15 @@ def cmd_switch(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
+    from cluster.cli import example_epilog, paragraph
+
     tp = sub.add_parser(
         "timer",
         help="timer messages: cancel, status, stop/start delivery",
+        description=paragraph(
+            "Timer messages (any deliver time, RocketMQ 5.x style): cancel them, look "
+            "at the timer, stop or start it."
+        ),
         epilog="examples:\n"
         "  chronomq timer cancel 01A2003BDE67EA30FB4D291FCE2478CD\n"
         "  chronomq timer status --url http://127.0.0.1:8081\n"
@@ -86,22 +92,56 @@ def register(sub: Any) -> None:
         p.add_argument(
             "--url",
             default=os.environ.get("CHRONOMQ_URL", "http://127.0.0.1:8080"),
-            help="one or more node URLs, comma-separated",
+            help="one or more node URLs, comma-separated; the next is tried when one does not "
+            "answer (default $CHRONOMQ_URL or http://127.0.0.1:8080)",
         )
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     cancel = tsub.add_parser(
-        "cancel", help="cancel timer messages by msg_id (exit 3 unless all are cancelled)"
+        "cancel",
+        help="cancel timer messages by msg_id (exit 3 unless all are cancelled)",
+        description=paragraph(
+            "Cancel timer messages (produced with delay_ms or deliver_at_ms) by the "
+            "msg_id their produce returned. Each answer is 'cancelled' (it will never be "
+            "delivered), 'delivered' (too late) or 'unknown'. Exits 0 when every one is "
+            "cancelled, 3 otherwise."
+        ),
+        epilog=example_epilog(
+            "chronomq timer cancel 01A2003BDE67EA30FB4D291FCE2478CD",
+            "chronomq timer cancel ID1 ID2 --json",
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    cancel.add_argument("msg_ids", nargs="+", metavar="MSG_ID")
+    cancel.add_argument("msg_ids", nargs="+", metavar="MSG_ID", help="msg_id of a timer message")
     common(cancel)
     cancel.set_defaults(func=cmd_cancel)
-    status = tsub.add_parser("status", help="backlog, read-behind, rates, switches of one node")
+    status = tsub.add_parser(
+        "status",
+        help="backlog, read-behind, rates, switches of one node",
+        description=paragraph(
+            "The timer as one node sees it: backlog (total and per topic), how far "
+            "delivery is behind, enqueue and dequeue rates, the stop switches, congestion "
+            "rejections, the read cursor and the checkpoint."
+        ),
+        epilog=example_epilog(
+            "chronomq timer status --url http://127.0.0.1:8081",
+            "chronomq timer status --json",
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     common(status)
     status.set_defaults(func=cmd_status)
     for name, verb in (("stop", "stop"), ("start", "start")):
         sw = tsub.add_parser(
-            name, help=f"{verb} timer enqueue and/or delivery cluster-wide (both by default)"
+            name,
+            help=f"{verb} timer enqueue and/or delivery cluster-wide (both by default)",
+            description=paragraph(
+                f"{verb.capitalize()} putting timer messages into the wheel "
+                "(--enqueue) and/or delivering them (--dequeue), on every node: the switches are "
+                "replicated, so a new leader keeps them. Without either option, both."
+            ),
+            epilog=example_epilog(f"chronomq timer {name}", f"chronomq timer {name} --dequeue"),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         sw.add_argument("--enqueue", action="store_true", help=f"{verb} putting into the wheel")
         sw.add_argument("--dequeue", action="store_true", help=f"{verb} delivering")

@@ -39,22 +39,44 @@ _MESSAGE_IN = {
     },
     "additionalProperties": False,
 }
-_MESSAGE_OUT = {
+
+
+def _object(**fields: str) -> dict[str, Any]:
+    """An answer's object schema from field names and their JSON types."""
+    return {"type": "object", "properties": {k: {"type": t} for k, t in fields.items()}}
+
+
+_MESSAGE_OUT = _object(
+    msg_id="string",
+    topic="string",
+    queue="integer",
+    offset="integer",
+    keys="array",
+    tags="string",
+    properties="object",
+    born_ms="integer",
+    store_ms="integer",
+    reconsume_times="integer",
+    body="string",
+    body_base64="string",
+)
+_PLACED = _object(
+    msg_id="string",
+    topic="string",
+    queue="integer",
+    offset="integer",
+    delay_level="integer",
+    deliver_ms="integer",
+    clamped="boolean",
+)
+_TOPIC = {
     "type": "object",
     "properties": {
-        k: {"type": t}
-        for k, t in {
-            "msg_id": "string",
-            "topic": "string",
-            "queue": "integer",
-            "offset": "integer",
-            "body": "string",
-            "body_base64": "string",
-            "tags": "string",
-            "born_ms": "integer",
-            "store_ms": "integer",
-            "reconsume_times": "integer",
-        }.items()
+        "topic": {"type": "string"},
+        "queues": {
+            "type": "array",
+            "items": _object(queue="integer", min_offset="integer", max_offset="integer"),
+        },
     },
 }
 
@@ -69,7 +91,10 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
         },
         {
             "type": "object",
-            "properties": {"results": {"type": "array"}, "duplicate": {"type": "boolean"}},
+            "properties": {
+                "results": {"type": "array", "items": _PLACED},
+                "duplicate": {"type": "boolean"},
+            },
         },
         [],
     ),
@@ -81,86 +106,146 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
             "properties": {
                 "messages": {"type": "array", "items": _MESSAGE_OUT},
                 "next_offset": {"type": "integer"},
+                "max_offset": {"type": "integer"},
             },
         },
         ["offset", "max", "wait_ms"],
     ),
-    ("GET", "/v1/topics"): ("List topics.", None, {"type": "object"}, []),
+    ("GET", "/v1/topics"): (
+        "List topics with their number of queues and messages.",
+        None,
+        {
+            "type": "object",
+            "properties": {
+                "topics": {
+                    "type": "array",
+                    "items": _object(topic="string", queues="integer", messages="integer"),
+                }
+            },
+        },
+        [],
+    ),
     ("GET", "/v1/topics/{topic}"): (
         "Describe a topic: queues with min and max offsets.",
         None,
-        {"type": "object"},
+        _TOPIC,
         [],
     ),
     ("PUT", "/v1/topics/{topic}"): (
-        "Create a topic with a number of queues.",
+        "Create a topic with a number of queues (201; 200 if it exists with as many, 409 if "
+        "with another number).",
         {
             "type": "object",
             "properties": {"queues": {"type": "integer", "minimum": 1, "maximum": 1024}},
         },
-        {"type": "object"},
+        _TOPIC,
         [],
     ),
     ("PUT", "/v1/groups/{group}/offsets"): (
         "Commit a consumer group's offset (replicated).",
         {"type": "object", "required": ["topic", "queue", "offset"]},
-        {"type": "object"},
+        _object(group="string", topic="string", queue="integer", offset="integer"),
         [],
     ),
     ("GET", "/v1/groups/{group}/offsets"): (
-        "A consumer group's committed offsets.",
+        "A consumer group's committed offsets, read on the leader.",
         None,
-        {"type": "object"},
+        {
+            "type": "object",
+            "properties": {
+                "group": {"type": "string"},
+                "offsets": {
+                    "type": "array",
+                    "items": _object(topic="string", queue="integer", offset="integer"),
+                },
+            },
+        },
         ["topic"],
     ),
     ("GET", "/v1/admin/node"): (
         "This node's role, term, indexes, digest and version.",
         None,
-        {"type": "object"},
+        _object(
+            id="integer",
+            role="string",
+            http_url="string",
+            raft="string",
+            leader="integer",
+            leader_url="string",
+            term="integer",
+            commit_index="integer",
+            applied_index="integer",
+            log_len="integer",
+            has_quorum="boolean",
+            digest="object",
+            match_index="object",
+            version="string",
+            uptime_s="number",
+            queued_messages="integer",
+            inflight_commands="integer",
+            last_election_ms="number",
+            leader_changes="array",
+            reachable="boolean",
+        ),
         [],
     ),
     ("GET", "/v1/admin/cluster"): (
-        "The cluster view aggregated from every node.",
+        "The cluster view aggregated from every node (each as /v1/admin/node, with "
+        "replication_lag).",
         None,
-        {"type": "object"},
+        _object(leader="integer", term="integer", nodes="array"),
         [],
     ),
     ("GET", "/v1/admin/digest"): (
         "CommitLog length and hash chain, to compare replicas.",
         None,
-        {"type": "object"},
+        _object(index="integer", length="integer", chain="string"),
         [],
     ),
     ("GET", "/v1/admin/config"): (
         "The effective config (secrets masked) and the runtime keys.",
         None,
-        {"type": "object"},
+        _object(config="object", runtime_keys="array"),
         [],
     ),
     ("PATCH", "/v1/admin/config"): (
-        "Change runtime config keys.",
+        "Change runtime config keys: {key: value, ...}; a key that is not runtime answers 409.",
         {"type": "object"},
-        {"type": "object"},
+        _object(config="object", changed="array"),
         [],
     ),
     ("POST", "/v1/admin/leadership/transfer"): (
-        "Ask the leader to hand leadership to node `to` (or any).",
+        "Ask the leader to hand leadership to node `to` (or any); answers 202.",
         {"type": "object", "properties": {"to": {"type": "integer"}}},
-        {"type": "object"},
+        _object(status="string", to="integer"),
         [],
     ),
     ("POST", "/v1/admin/members"): (
-        "Add a member: id, raft (host:port), http (URL), optional fetch (host:port).",
-        {"type": "object", "required": ["id", "raft", "http"]},
-        {"type": "object"},
+        "Add a member: id, raft (host:port), http (URL), optional fetch (host:port); answers 201.",
+        {
+            "type": "object",
+            "required": ["id", "raft", "http"],
+            "properties": {
+                "id": {"type": "integer"},
+                "raft": {"type": "string"},
+                "http": {"type": "string"},
+                "fetch": {"type": "string"},
+            },
+        },
+        _object(status="string", id="integer"),
         [],
     ),
-    ("DELETE", "/v1/admin/members/{id}"): ("Remove a member.", None, {"type": "object"}, []),
-    ("GET", "/healthz"): ("200 while the process serves.", None, {"type": "object"}, []),
+    ("DELETE", "/v1/admin/members/{id}"): (
+        "Remove a member.",
+        None,
+        _object(status="string", id="integer"),
+        [],
+    ),
+    ("GET", "/healthz"): ("200 while the process serves.", None, _object(status="string"), []),
     ("GET", "/readyz"): (
         "200 once the node knows a leader, else 503.",
         None,
-        {"type": "object"},
+        _object(status="string", leader="integer"),
         [],
     ),
     ("GET", "/metrics"): ("Prometheus metrics.", None, {"type": "string"}, []),

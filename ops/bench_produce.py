@@ -233,14 +233,19 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "produce",
         help="committed throughput and commit latency of the replicated log",
+        description=__doc__,
         epilog="examples:\n  chronomq bench produce --nodes 3 --messages 300000 --rate 10000 --duration 20 --out produce.json\n"
         "  chronomq bench produce --http --nodes 3 --batch 100 --messages 200000",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--nodes", type=int, choices=[1, 3, 5], default=3)
-    p.add_argument("--messages", type=int, default=200_000)
-    p.add_argument("--body-bytes", type=int, default=256)
-    p.add_argument("--producers", type=int, default=64)
+    p.add_argument(
+        "--nodes", type=int, choices=[1, 3, 5], default=3, help="cluster size (default 3)"
+    )
+    p.add_argument(
+        "--messages", type=int, default=200_000, help="messages of the as-fast-as-possible phase"
+    )
+    p.add_argument("--body-bytes", type=int, default=256, help="body size (default 256)")
+    p.add_argument("--producers", type=int, default=64, help="concurrent producers (default 64)")
     p.add_argument(
         "--batch",
         type=int,
@@ -257,8 +262,10 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--http", action="store_true", help="produce over HTTP to the leader instead of in-process"
     )
-    p.add_argument("--http-port", type=int, default=28080)
-    p.add_argument("--raft-port", type=int, default=29080)
+    p.add_argument(
+        "--http-port", type=int, default=28080, help="node i serves HTTP on this port + i"
+    )
+    p.add_argument("--raft-port", type=int, default=29080, help="node i uses Raft port + i")
     p.add_argument(
         "--data-dir", help="where the nodes keep their files (default: a new temporary directory)"
     )

@@ -239,15 +239,33 @@ def register(subparsers: Any) -> None:
         "--duration 30",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--nodes", type=int, choices=[1, 3, 5], default=3)
+    p.add_argument(
+        "--nodes", type=int, choices=[1, 3, 5], default=3, help="cluster size (default 3)"
+    )
     p.add_argument("--levels", type=int, default=4, help="levels 1s 2s ... Ns (default 4)")
-    p.add_argument("--messages-per-level", dest="messages_per_level", type=int, default=10_000)
-    p.add_argument("--body-bytes", dest="body_bytes", type=int, default=256)
+    p.add_argument(
+        "--messages-per-level",
+        dest="messages_per_level",
+        type=int,
+        default=10_000,
+        help="messages pre-loaded on each level for the drain (default 10000)",
+    )
+    p.add_argument(
+        "--body-bytes", dest="body_bytes", type=int, default=256, help="body size (default 256)"
+    )
     p.add_argument("--rate", type=int, default=0, help="steady msgs/s for the lateness phase")
     p.add_argument("--duration", type=int, default=30, help="seconds of the lateness phase")
     p.add_argument("--out", help="write the figures as JSON here")
     p.add_argument("--data-dir", dest="data_dir", help="default: a new temporary directory")
-    p.add_argument("--http-port", dest="http_port", type=int, default=18080)
-    p.add_argument("--raft-port", dest="raft_port", type=int, default=19080)
+    p.add_argument(
+        "--http-port",
+        dest="http_port",
+        type=int,
+        default=18080,
+        help="node i serves HTTP on this port + i",
+    )
+    p.add_argument(
+        "--raft-port", dest="raft_port", type=int, default=19080, help="node i uses Raft port + i"
+    )
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="extra node config")
     p.set_defaults(func=main)

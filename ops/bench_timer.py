@@ -408,13 +408,16 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "timer",
         help="timer precision (lateness at a steady rate) and burst drain rate",
+        description=__doc__,
         epilog="examples:\n"
         "  chronomq bench timer --nodes 3 --rate 2000 --duration 60 --out timer.json\n"
         "  chronomq bench timer --nodes 3 --rate 2000 --duration 60 --set timer_precision_ms=10\n"
         "  chronomq bench timer --nodes 3 --rate 0 --burst 1000000 --out burst.json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--nodes", type=int, choices=[1, 3, 5], default=3)
+    p.add_argument(
+        "--nodes", type=int, choices=[1, 3, 5], default=3, help="cluster size (default 3)"
+    )
     p.add_argument("--rate", type=int, default=2000, help="messages per second (0: skip)")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of producing")
     p.add_argument(
@@ -422,8 +425,10 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--burst", type=int, default=0, help="messages due in one second (0: skip)")
     p.add_argument("--producers", type=int, default=8, help="concurrent producers of the burst")
-    p.add_argument("--http-port", type=int, default=28180)
-    p.add_argument("--raft-port", type=int, default=29180)
+    p.add_argument(
+        "--http-port", type=int, default=28180, help="node i serves HTTP on this port + i"
+    )
+    p.add_argument("--raft-port", type=int, default=29180, help="node i uses Raft port + i")
     p.add_argument("--data-dir", help="where the nodes keep their files (default: a temp dir)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config key for every node")
     p.add_argument("--out", help="write the figures as JSON here")

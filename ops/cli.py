@@ -117,6 +117,8 @@ def register(subparsers: Any) -> None:
         "logs",
         help="tools for the nodes' structured logs",
         description="Tools for the nodes' replication, latency and event logs.",
+        epilog="example:\n  chronomq logs synth --rows 100000 --out ./out/synth\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     logs_sub = logs.add_subparsers(dest="logs_command", metavar="COMMAND")
     logs.set_defaults(func=lambda _args: _help(logs))

@@ -332,7 +332,7 @@ def register(subparsers: Any) -> None:
         "  sudo chronomq drill --nodes 5 --faults all --duration 600 --out drill5.json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--nodes", type=int, choices=[3, 5], default=3)
+    p.add_argument("--nodes", type=int, choices=[3, 5], default=3, help="cluster size (default 3)")
     p.add_argument(
         "--faults",
         type=_faults_arg,
@@ -348,7 +348,19 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", help="write the results as JSON here")
     p.add_argument("--out-dir", dest="out_dir", help="keep history and logs here")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
-    p.add_argument("--http-port", dest="http_port", type=int, default=23080)
-    p.add_argument("--raft-port", dest="raft_port", type=int, default=24080)
+    p.add_argument(
+        "--http-port",
+        dest="http_port",
+        type=int,
+        default=23080,
+        help="node i serves HTTP on this port + i (default 23080)",
+    )
+    p.add_argument(
+        "--raft-port",
+        dest="raft_port",
+        type=int,
+        default=24080,
+        help="node i uses Raft port + i, and + 1000 for catch-up (default 24080)",
+    )
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="extra node config")
     p.set_defaults(func=main)
