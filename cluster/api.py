@@ -154,7 +154,10 @@ def json_response(
     data: Any, status: int = 200, headers: dict[str, str] | None = None
 ) -> web.Response:
     return web.Response(
-        body=orjson.dumps(data), status=status, content_type="application/json", headers=headers
+        body=orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE),
+        status=status,
+        content_type="application/json",
+        headers=headers,
     )
 
 

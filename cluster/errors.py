@@ -32,7 +32,7 @@ class ApiError(Exception):
         body = {"error": self.code, "message": self.message, "field": self.field, **self.extra}
         return web.Response(
             status=self.status,
-            body=orjson.dumps(body),
+            body=orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE),
             content_type="application/json",
             headers=self.headers,
         )

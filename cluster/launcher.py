@@ -225,13 +225,17 @@ class LocalCluster:
         raise TimeoutError(f"no leader within {timeout_s} s")
 
     def wait_all_know_leader(self, timeout_s: float = 30.0) -> None:
-        """Wait until every running node reports the same leader (so every /readyz is 200)."""
+        """Wait until every running node reports the same leader in the same term, and that
+        leader has confirmed its leadership (so every /readyz is 200 and a write goes through)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             running = [i for i in range(self.n) if self.alive(i)]
-            leaders = {(self.node_status(i) or {}).get("leader") for i in running}
-            if len(leaders) == 1 and None not in leaders:
-                return
+            views = {i: self.node_status(i) or {} for i in running}
+            seen = {(v.get("leader"), v.get("term")) for v in views.values()}
+            if len(seen) == 1:
+                ((leader, _term),) = seen
+                if leader is not None and views.get(leader, {}).get("role") == "leader":
+                    return
             time.sleep(0.05)
         raise TimeoutError(f"not every node knew the leader within {timeout_s} s")
 
