@@ -8,9 +8,8 @@ suite runs the check, so a key cannot be added, renamed or re-documented without
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
+from cluster import docsection
 from cluster.config import ENV_PREFIX, KEYS, Key
 
 START = (
@@ -61,32 +60,17 @@ def undocumented() -> list[str]:
 
 def splice(text: str) -> str:
     """``text`` with the part between the markers replaced by the current reference."""
-    start, end = text.find(START), text.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"the markers {START!r} and {END!r} are missing")
-    return text[: start + len(START)] + "\n" + reference() + text[end:]
+    return docsection.splice(text, START, END, reference())
 
 
 def main(mode: str | None = None, path: str | None = None) -> int:
-    missing = undocumented()
-    if missing:
-        print(f"keys without documentation: {', '.join(missing)}", file=sys.stderr)
-        return 1
-    if mode is None:
-        sys.stdout.write(reference())
-        return 0
-    assert path is not None
-    target = Path(path)
-    current = target.read_text()
-    wanted = splice(current)
-    if mode == "check":
-        if wanted != current:
-            print(
-                f"{path}: the configuration reference is stale; run "
-                f"`chronomq config reference --write {path}`",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    target.write_text(wanted)
-    return 0
+    return docsection.run(
+        mode,
+        path,
+        what="the configuration reference",
+        command="chronomq config reference",
+        splice_into=splice,
+        reference=reference,
+        missing=undocumented(),
+        missing_label="keys without documentation",
+    )
