@@ -148,6 +148,13 @@ def fetch_from(
         return count
 
 
+def fetch_bytes(address: tuple[str, int], start: int, end: int) -> bytes:
+    """``[start, end)`` of one peer's CommitLog, or the part of it the peer has."""
+    chunks: list[bytes] = []
+    fetch_from(address, start, end, lambda _at, data: chunks.append(data))
+    return b"".join(chunks)
+
+
 def fetch_range(
     peers: Callable[[], Sequence[tuple[str, int]]],
     start: int,

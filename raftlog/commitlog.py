@@ -230,6 +230,10 @@ class CommitLog:
                 raise IndexError(f"read of {size} bytes at {at} runs past the end of its segment")
             return os.pread(seg.fd, size, at - seg.base)
 
+    def read_range(self, start: int, end: int) -> bytes:
+        """The bytes of ``[start, end)``, across segment boundaries."""
+        return b"".join(os.pread(fd, n, off) for fd, off, n in self.ranges(start, end))
+
     def read_message(self, at: int, size: int | None = None) -> record.Message:
         if size is None:
             size, _magic = record.peek(self.read(at, record.BLANK_SIZE))

@@ -141,8 +141,11 @@ class ReplicatedLog(SyncObj):
     # ------------------------------------------------------------------ pysyncobj hooks
 
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
-        """Keep a follower's ``nextIndex`` from moving back on an in-order acknowledgement.
+        """Two corrections to pysyncobj's message handling.
 
+        A snapshot chunk does not move this follower's commit index (:meth:`_hold_commit_index`).
+
+        A follower's ``nextIndex`` does not move back on an in-order acknowledgement.
         pysyncobj sets ``nextIndex`` to the acknowledged index on every successful answer.
         With several append messages in flight that moves it back over entries already sent,
         which are then sent again, and the follower truncates and re-appends them (logging
@@ -247,20 +250,15 @@ class ReplicatedLog(SyncObj):
     def _peer_bytes(self, start: int, end: int) -> bytes | None:
         """``[start, end)`` of the first peer's CommitLog that has all of it; None if none has."""
         for address in self._fetch_peers():
-            chunks: list[bytes] = []
-
-            def keep(_at: int, data: bytes, chunks: list[bytes] = chunks) -> None:
-                chunks.append(data)
-
             try:
-                got = catchup.fetch_from(address, start, end, keep)
+                data = catchup.fetch_bytes(address, start, end)
             except (OSError, ConnectionError) as exc:
                 log.warning(
                     "reading CommitLog [%d, %d) from %s failed: %s", start, end, address, exc
                 )
                 continue
-            if got == end - start:
-                return b"".join(chunks)
+            if len(data) == end - start:
+                return data
         return None
 
     def _fetch(self, start: int, end: int) -> None:

@@ -558,8 +558,7 @@ class Store:
         theirs = peer_bytes(start, have)
         if theirs is None:
             return True
-        mine = b"".join(os.pread(fd, n, off) for fd, off, n in self.commitlog.ranges(start, have))
-        return mine == theirs
+        return self.commitlog.read_range(start, have) == theirs
 
     def reset(self) -> None:
         """Empty state: used before pysyncobj replays a journal from its start."""

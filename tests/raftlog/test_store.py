@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import os
 import random
 import struct
 from collections.abc import Callable, Iterator
@@ -487,11 +486,16 @@ def test_entry_codec() -> None:
 # ---------------------------------------------------------------------- restore
 
 
-def _fetcher(source: Store, target: Store) -> Callable[[int, int], None]:
+def _fetcher(
+    source: Store, target: Store, calls: list[tuple[int, int]] | None = None
+) -> Callable[[int, int], None]:
+    """A fetch that appends ``source``'s bytes to ``target``, noting each call in ``calls``."""
+
     def fetch(start: int, end: int) -> None:
         assert start == target.commitlog.length
-        for fd, off, n in source.commitlog.ranges(start, end):
-            target.commitlog.write_raw(target.commitlog.length, os.pread(fd, n, off))
+        if calls is not None:
+            calls.append((start, end))
+        target.commitlog.write_raw(start, source.commitlog.read_range(start, end))
 
     return fetch
 
@@ -537,13 +541,8 @@ def test_restore_into_an_empty_store_fetches_the_commitlog(make_store: StoreFact
     _populate(a, count=80)
     snap = Store.parse_snapshot(a.snapshot({}))
     calls: list[tuple[int, int]] = []
-    fetch = _fetcher(a, b)
-
-    def counting_fetch(start: int, end: int) -> None:
-        calls.append((start, end))
-        fetch(start, end)
-
-    b.restore(snap, counting_fetch)
+    fetch = _fetcher(a, b, calls)
+    b.restore(snap, fetch)
     assert calls == [(0, a.commitlog.length)]
     assert b.digest() == a.digest()
     assert state(b) == state(a)
@@ -557,7 +556,10 @@ def test_restore_into_an_empty_store_fetches_the_commitlog(make_store: StoreFact
     assert state(a) == state(b)
 
 
-def test_restore_into_a_store_that_is_behind(make_store: StoreFactory) -> None:
+@pytest.mark.parametrize("compare", [False, True], ids=["no-peer", "tail-agrees"])
+def test_restore_into_a_store_that_is_behind(make_store: StoreFactory, compare: bool) -> None:
+    """A store behind the snapshot fetches only what it lacks, whether or not its tail is first
+    compared with a peer's (an agreeing tail is kept)."""
     a, b = make_store("a"), make_store("b")
     cmds = random_commands(21, 60)
     apply_a, apply_b = Applier(a), Applier(b)
@@ -568,13 +570,9 @@ def test_restore_into_a_store_that_is_behind(make_store: StoreFactory) -> None:
         apply_a(data)
     have = b.commitlog.length
     calls: list[tuple[int, int]] = []
-    fetch = _fetcher(a, b)
-
-    def counting_fetch(start: int, end: int) -> None:
-        calls.append((start, end))
-        fetch(start, end)
-
-    b.restore(Store.parse_snapshot(a.snapshot({})), counting_fetch)
+    fetch = _fetcher(a, b, calls)
+    peer = _peer_bytes(a) if compare else None
+    b.restore(Store.parse_snapshot(a.snapshot({})), fetch, peer)
     assert calls == [(have, a.commitlog.length)]
     assert state(b) == state(a)
 
@@ -583,7 +581,7 @@ def _peer_bytes(source: Store) -> Callable[[int, int], bytes | None]:
     def read(start: int, end: int) -> bytes | None:
         if end > source.commitlog.length:
             return None
-        return b"".join(os.pread(fd, n, off) for fd, off, n in source.commitlog.ranges(start, end))
+        return source.commitlog.read_range(start, end)
 
     return read
 
@@ -607,40 +605,13 @@ def test_restore_replaces_a_tail_the_cluster_never_committed(
         apply_a(data)
     assert common < b.commitlog.length < a.commitlog.length
     calls: list[tuple[int, int]] = []
-    fetch = _fetcher(a, b)
-
-    def counting_fetch(start: int, end: int) -> None:
-        calls.append((start, end))
-        fetch(start, end)
-
-    b.restore(Store.parse_snapshot(a.snapshot({})), counting_fetch, _peer_bytes(a))
+    fetch = _fetcher(a, b, calls)
+    b.restore(Store.parse_snapshot(a.snapshot({})), fetch, _peer_bytes(a))
     assert calls == [(0, a.commitlog.length)]
     assert state(b) == state(a)
     for (topic, qid), n in b.cqs.queues().items():
         assert b.read_messages(topic, qid, 0, 10_000) == a.read_messages(topic, qid, 0, 10_000)
         assert n == a.max_offset(topic, qid)
-
-
-def test_restore_keeps_a_tail_that_agrees(make_store: StoreFactory) -> None:
-    a, b = make_store("a"), make_store("b")
-    cmds = random_commands(32, 40)
-    apply_a, apply_b = Applier(a), Applier(b)
-    for data in cmds[:20]:
-        apply_a(data)
-        apply_b(data)
-    for data in cmds[20:]:
-        apply_a(data)
-    have = b.commitlog.length
-    calls: list[tuple[int, int]] = []
-    fetch = _fetcher(a, b)
-
-    def counting_fetch(start: int, end: int) -> None:
-        calls.append((start, end))
-        fetch(start, end)
-
-    b.restore(Store.parse_snapshot(a.snapshot({})), counting_fetch, _peer_bytes(a))
-    assert calls == [(have, a.commitlog.length)]
-    assert state(b) == state(a)
 
 
 def test_restore_rebuilds_lost_consumequeues(make_store: StoreFactory, tmp_path: Path) -> None:
