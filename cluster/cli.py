@@ -7,6 +7,7 @@ takes ``--out PATH`` and writes its figures as one JSON object.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import signal
@@ -241,24 +242,36 @@ def cmd_admin(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------- parser
 
 
-def cmd_config(args: argparse.Namespace) -> int:
-    from cluster import configdoc
-
+def cmd_reference(args: argparse.Namespace) -> int:
+    """``chronomq config|api reference``: print, ``--write`` or ``--check`` a README table."""
+    doc = importlib.import_module(args.doc_module)
     if args.write:
-        return configdoc.main("write", args.write)
+        return int(doc.main("write", args.write))
     if args.check:
-        return configdoc.main("check", args.check)
-    return configdoc.main()
+        return int(doc.main("check", args.check))
+    return int(doc.main())
 
 
-def cmd_api(args: argparse.Namespace) -> int:
-    from cluster import apidoc
-
-    if args.write:
-        return apidoc.main("write", args.write)
-    if args.check:
-        return apidoc.main("check", args.check)
-    return apidoc.main()
+def add_reference_command(
+    sub: Any, name: str, *, help_text: str, description: str, doc_module: str
+) -> None:
+    """A ``chronomq NAME reference [--write FILE | --check FILE]`` command."""
+    parser = sub.add_parser(
+        name,
+        help=help_text,
+        description=paragraph(description),
+        epilog=example_epilog(
+            f"chronomq {name} reference",
+            f"chronomq {name} reference --write README.md",
+            f"chronomq {name} reference --check README.md",
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("what", choices=["reference"], help="what to print: the reference")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--write", metavar="FILE", help="replace the reference inside FILE")
+    where.add_argument("--check", metavar="FILE", help="exit 1 if FILE's reference is stale")
+    parser.set_defaults(func=cmd_reference, doc_module=doc_module)
 
 
 def paragraph(text: str) -> str:
@@ -458,46 +471,23 @@ def build_parser() -> argparse.ArgumentParser:
     ad.add_argument("--to", type=int, help="for transfer: target node id")
     ad.set_defaults(func=cmd_admin)
 
-    cfg = sub.add_parser(
+    add_reference_command(
+        sub,
         "config",
-        help="the configuration reference (every key, default and environment variable)",
-        description=paragraph(
-            "Print the configuration reference as a Markdown table, or keep the one "
-            "in a file (between its markers) current."
-        ),
-        epilog=example_epilog(
-            "chronomq config reference",
-            "chronomq config reference --write README.md",
-            "chronomq config reference --check README.md",
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help_text="the configuration reference (every key, default and environment variable)",
+        description="Print the configuration reference as a Markdown table, or keep the one "
+        "in a file (between its markers) current.",
+        doc_module="cluster.configdoc",
     )
-    cfg.add_argument("what", choices=["reference"], help="what to print: the reference")
-    where = cfg.add_mutually_exclusive_group()
-    where.add_argument("--write", metavar="FILE", help="replace the reference inside FILE")
-    where.add_argument("--check", metavar="FILE", help="exit 1 if FILE's reference is stale")
-    cfg.set_defaults(func=cmd_config)
-
-    api = sub.add_parser(
+    add_reference_command(
+        sub,
         "api",
-        help="the HTTP API reference (every route, its parameters and answer)",
-        description=paragraph(
-            "Print the HTTP API reference as a Markdown table, generated from the "
-            "routes /openapi.json describes, or keep the one in a file (between its markers) "
-            "current."
-        ),
-        epilog=example_epilog(
-            "chronomq api reference",
-            "chronomq api reference --write README.md",
-            "chronomq api reference --check README.md",
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help_text="the HTTP API reference (every route, its parameters and answer)",
+        description="Print the HTTP API reference as a Markdown table, generated from the "
+        "routes /openapi.json describes, or keep the one in a file (between its markers) "
+        "current.",
+        doc_module="cluster.apidoc",
     )
-    api.add_argument("what", choices=["reference"], help="what to print: the reference")
-    api_where = api.add_mutually_exclusive_group()
-    api_where.add_argument("--write", metavar="FILE", help="replace the reference inside FILE")
-    api_where.add_argument("--check", metavar="FILE", help="exit 1 if FILE's reference is stale")
-    api.set_defaults(func=cmd_api)
 
     bench = sub.add_parser(
         "bench",
