@@ -28,7 +28,6 @@ async def produce_until(
     batch: int = 200,
     total: int | None = None,
     seq: list[int] | None = None,
-    key_prefix: str = "b",
 ) -> None:
     """Produce batches (each with its own idempotency key, reused on retry) until told to stop."""
     counter = seq if seq is not None else [0]
@@ -36,26 +35,18 @@ async def produce_until(
         start = counter[0]
         counter[0] += batch
         msgs = [{"body": f"m-{start + k}"} for k in range(batch)]
-        result = await client.produce(TOPIC, msgs, idempotency_key=f"{key_prefix}-{start}")
+        result = await client.produce(TOPIC, msgs, idempotency_key=f"b-{start}")
         for r in result["results"]:
             acked[r["msg_id"]] = acked.get(r["msg_id"], 0) + 1
 
 
-async def produce_range(
-    cluster: LocalCluster, start: int, n: int, batch: int, key_prefix: str = "b"
-) -> dict[str, int]:
+async def produce_range(cluster: LocalCluster, start: int, n: int, batch: int) -> dict[str, int]:
     """Produce ``n`` messages with keys from ``start`` through any node; return what was acked."""
     acked: dict[str, int] = {}
     async with Client(cluster.urls, deadline_s=60) as client:
         await client.create_topic(TOPIC, QUEUES)
         await produce_until(
-            client,
-            acked,
-            asyncio.Event(),
-            batch=batch,
-            total=start + n,
-            seq=[start],
-            key_prefix=key_prefix,
+            client, acked, asyncio.Event(), batch=batch, total=start + n, seq=[start]
         )
     return acked
 
