@@ -411,9 +411,9 @@ class TimerLog:
         if cached_base != base or at < 0 or at + RECORD_SIZE > len(block):
             # Read the block ending just after this record (chains are walked backwards),
             # never past the end of the log: bytes there may still be written.
-            limit = min(self._end - base, self._usable)
-            block_at = max(0, offset + RECORD_SIZE - _READ_BLOCK)
-            block = os.pread(self._fd(base), limit - block_at, block_at)
+            block_end = min(offset + RECORD_SIZE, self._end - base, self._usable)
+            block_at = max(0, block_end - _READ_BLOCK)
+            block = os.pread(self._fd(base), block_end - block_at, block_at)
             self._block = (base, block_at, block)
             at = offset - block_at
         data = block[at : at + RECORD_SIZE]

@@ -159,6 +159,31 @@ def test_chains_of_interleaved_slots_iterate_backwards(tmp_path: Path) -> None:
             list(log.iter_chain(heads[1000], stop_pos=chain[3][0] + RECORD_SIZE))
 
 
+def test_walking_a_long_chain_back_reads_each_block_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read far behind the end reads one block ending at its record, not up to the end:
+    walking a burst slot's chain backwards stays linear in time and bounded in memory."""
+    n = 20_000  # 1.6 MB of records in one segment; two slots interleaved
+    heads: dict[int, int] = {}
+    with TimerLog.open(tmp_path, segment_bytes=4 * 1024 * 1024) as log:
+        for i in range(n):
+            slot = 1000 + 100 * (i % 2)
+            heads[slot] = log.append(rec(slot, i, prev=heads.get(slot, NO_POS)))
+        reads: list[int] = []
+        real_pread = os.pread
+
+        def counting_pread(fd: int, size: int, offset: int) -> bytes:
+            data = real_pread(fd, size, offset)
+            reads.append(len(data))
+            return data
+
+        monkeypatch.setattr(os, "pread", counting_pread)
+        assert sum(1 for _ in log.iter_chain(heads[1000])) == n // 2
+    assert max(reads) <= 64 * 1024
+    assert sum(reads) <= 2 * n * RECORD_SIZE
+
+
 def test_chain_pointing_outside_the_log_is_broken(tmp_path: Path) -> None:
     with TimerLog.open(tmp_path, segment_bytes=SEG) as log:
         p = log.append(rec(1000, 1, prev=800))
