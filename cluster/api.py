@@ -57,6 +57,14 @@ class Metrics:
         self.term = Gauge("chronomq_raft_term", "Current Raft term", registry=r)
         self.commit_index = Gauge("chronomq_raft_commit_index", "Raft commit index", registry=r)
         self.applied_index = Gauge("chronomq_raft_applied_index", "Raft applied index", registry=r)
+        self.slow_ticks = Gauge(
+            "chronomq_raft_slow_ticks",
+            "Raft ticks longer than half the shortest election timeout, since start",
+            registry=r,
+        )
+        self.max_tick = Gauge(
+            "chronomq_raft_max_tick_seconds", "Longest Raft tick since start", registry=r
+        )
         self.commitlog_bytes = Gauge(
             "chronomq_commitlog_bytes", "CommitLog length in bytes", registry=r
         )
@@ -76,6 +84,8 @@ class Metrics:
         self.term.set(st["term"])
         self.commit_index.set(st["commit_index"])
         self.applied_index.set(st["applied_index"])
+        self.slow_ticks.set(st["slow_ticks"])
+        self.max_tick.set(st["max_tick_ms"] / 1000)
         self.commitlog_bytes.set(broker.raftlog.store.applied_length)
         self.queued.set(st["queued_messages"])
         self.inflight.set(st["inflight_commands"])

@@ -615,6 +615,8 @@ class Broker:
             "commit_index": st["commit_index"],
             "applied_index": st["applied_index"],
             "log_len": st["log_len"],
+            "slow_ticks": st["slow_ticks"],
+            "max_tick_ms": st["max_tick_ms"],
             "has_quorum": st["has_quorum"],
             "digest": st["digest"],
             "match_index": st["match_index"],

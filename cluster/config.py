@@ -236,7 +236,7 @@ KEYS: tuple[Key, ...] = (
         "log_compaction_min_entries",
         int,
         1_000,
-        "Raft entries between thin snapshots.",
+        "A thin snapshot is taken once more Raft entries than this are in the log.",
         min=10,
         max=10_000_000,
     ),
@@ -244,9 +244,18 @@ KEYS: tuple[Key, ...] = (
         "log_compaction_min_time_s",
         int,
         60,
-        "Seconds at least between thin snapshots.",
+        "A thin snapshot is taken at least this often while commands are applied.",
         min=1,
         max=86_400,
+    ),
+    Key(
+        "log_compaction_max_bytes",
+        int,
+        32 * 1024 * 1024,
+        "A thin snapshot is taken once the applied Raft entries kept in memory exceed this "
+        "many bytes; bounds every node's memory under a burst of large commands.",
+        min=1024 * 1024,
+        max=4 * 1024 * 1024 * 1024,
     ),
     # Security and logs.
     Key(
@@ -517,6 +526,7 @@ class NodeConfig:
             leader_lease_ms=self.leader_lease_ms,
             log_compaction_min_entries=self.log_compaction_min_entries,
             log_compaction_min_time_s=self.log_compaction_min_time_s,
+            log_compaction_max_bytes=self.log_compaction_max_bytes,
         )
 
 

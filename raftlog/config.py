@@ -42,6 +42,7 @@ class RaftConfig:
     leader_fallback_timeout_ms: int = 3_000
     log_compaction_min_entries: int = 1_000
     log_compaction_min_time_s: int = 60
+    log_compaction_max_bytes: int = 32 * 1024 * 1024
     # Leadership: a leader that has not committed for this long stops its leader-only work.
     leader_lease_ms: int = 1_500
     catchup_deadline_s: int = 300

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +36,7 @@ from raftlog import catchup
 from raftlog.config import RaftConfig
 from raftlog.errors import StoreCorruption
 from raftlog.store import Store, decode_entry, encode_entry
+from raftlog.ticks import TickWatch
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,10 @@ def _addr(hostport: str) -> tuple[str, int]:
 
 
 class ReplicatedLog(SyncObj):
+    # pysyncobj's private state that the hooks below read and write.
+    _SyncObj__raftCommitIndex: int
+    _SyncObj__raftLastApplied: int
+
     def __init__(
         self,
         config: RaftConfig,
@@ -102,6 +108,12 @@ class ReplicatedLog(SyncObj):
         raft_dir = Path(config.data_dir) / "raft"
         raft_dir.mkdir(parents=True, exist_ok=True)
         self._dump_path = str(raft_dir / "snapshot")
+        # Half the shortest election timeout: a tick that long is one heartbeat from an election.
+        self.ticks = TickWatch(config.raft_min_timeout_ms / 2)
+        # Apply no longer than a heartbeat period in one tick (see _SyncObj__applyLogEntries).
+        self.apply_budget_s = config.append_entries_period_ms / 1000
+        self._apply_behind = False
+        self._applied_bytes = 0
         journal_path = str(raft_dir / "journal")
         if not os.path.exists(self._dump_path):
             # No snapshot: pysyncobj will replay the journal from its first entry.
@@ -139,6 +151,37 @@ class ReplicatedLog(SyncObj):
             _syncobj_module.createJournal = original
 
     # ------------------------------------------------------------------ pysyncobj hooks
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802, N803 - pysyncobj's names
+        self.ticks.begin()
+        # Committed entries still to apply: read the network and go on at once.
+        super()._onTick(0.0 if self._apply_behind else timeToWait)
+        report = self.ticks.end()
+        if report is not None:
+            log.warning("%s", report.describe(self.ticks.slow_ms))
+
+    def _SyncObj__applyLogEntries(self) -> bool:  # noqa: N802
+        """Apply committed entries for at most ``apply_budget_s`` per tick.
+
+        pysyncobj applies every committed entry in one go, on the thread that also sends
+        heartbeats and reads the network. A leader with a few dozen heavy commands to apply
+        would stay silent longer than an election timeout and be deposed although healthy.
+        The commit index is lowered to one entry past the last applied for each call, and
+        restored after; what is left is applied in the next ticks, which then do not wait.
+        """
+        target = self._SyncObj__raftCommitIndex
+        deadline = time.monotonic() + self.apply_budget_s
+        need_send = False
+        try:
+            while (applied := self._SyncObj__raftLastApplied) < target:
+                self._SyncObj__raftCommitIndex = applied + 1
+                need_send = super()._SyncObj__applyLogEntries() or need_send
+                if self._SyncObj__raftLastApplied == applied or time.monotonic() >= deadline:
+                    break  # no progress (pysyncobj logged why), or this tick's time is up
+        finally:
+            self._SyncObj__raftCommitIndex = target
+        self._apply_behind = self._SyncObj__raftLastApplied < target
+        return need_send
 
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
         """Two corrections to pysyncobj's message handling.
@@ -191,15 +234,31 @@ class ReplicatedLog(SyncObj):
 
     @replicated
     def _apply_cmd(self, data: bytes) -> Any:
+        # pysyncobj counts entries, not bytes, before compacting: a burst of large commands
+        # would hold log_compaction_min_entries of them in memory.
+        self._applied_bytes += len(data)
+        if self._applied_bytes > self._cfg.log_compaction_max_bytes:
+            self._applied_bytes = 0
+            self.forceLogCompaction()
+        started = time.monotonic()
         try:
             return self._store.apply(data, self.raftLastApplied + 1)
         except Exception as exc:  # a failed apply would leave this replica diverged
             log.exception("apply failed at index %d", self.raftLastApplied + 1)
             _fatal(f"apply failed: {exc}")
+        finally:
+            self.ticks.applied(time.monotonic() - started)
 
     # ------------------------------------------------------------------ snapshots
 
     def _serialize(self, path: str, data: tuple[Any, Any, Any]) -> None:
+        started = time.monotonic()
+        try:
+            self._write_snapshot(path, data)
+        finally:
+            self.ticks.snapshotted(time.monotonic() - started)
+
+    def _write_snapshot(self, path: str, data: tuple[Any, Any, Any]) -> None:
         entry_s, entry_s1, cluster = data
         self._store.applied_index = entry_s[1]
         raft = {
@@ -300,4 +359,7 @@ class ReplicatedLog(SyncObj):
                 if k.startswith("partner_node_status_server_")
             },
             "uptime_s": st.get("uptime", 0),
+            "ticks": self.ticks.ticks,
+            "slow_ticks": self.ticks.slow_ticks,
+            "max_tick_ms": round(self.ticks.max_ms, 1),
         }

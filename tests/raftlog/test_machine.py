@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from raftlog.config import RaftConfig, RaftPeer
 from raftlog.machine import ReplicatedLog
 from raftlog.store import Store
 
-from ._util import free_port
+from ._util import B, barrier, command, free_port
 
 NO_OP = b"\x01"  # pysyncobj's no-op command
 
@@ -34,6 +35,65 @@ def follower(tmp_path: Path) -> Iterator[ReplicatedLog]:
     yield machine
     machine.destroy()
     store.close()
+
+
+@pytest.fixture
+def alone(tmp_path: Path) -> Iterator[ReplicatedLog]:
+    """A group of one, ticked by the test: it leads at once and commits what it appends."""
+    cfg = RaftConfig(
+        data_dir=str(tmp_path),
+        raft_address=f"127.0.0.1:{free_port()}",
+        fetch_address=f"127.0.0.1:{free_port()}",
+        log_compaction_min_entries=1_000_000,
+        log_compaction_min_time_s=86_400,
+        log_compaction_max_bytes=1 << 20,
+    )
+    store = Store(tmp_path / "store", segment_bytes=16 << 20)
+    machine = ReplicatedLog(cfg, store, auto_tick=False)
+    _tick_until(machine, machine._isLeader, "leadership")
+    yield machine
+    machine.destroy()
+    store.close()
+
+
+def _tick_until(machine: ReplicatedLog, done: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not done():
+        assert time.monotonic() < deadline, f"no {what} within 10 s"
+        machine._onTick(0.0)
+
+
+def _propose(machine: ReplicatedLog, commands: list[bytes]) -> None:
+    """Queue ``commands`` and tick until all are committed (each tick may apply)."""
+    target = machine.raftLastApplied + len(commands)
+    for data in commands:
+        machine._apply_cmd(data, callback=lambda *_: None)
+    _tick_until(machine, lambda: machine.raftCommitIndex >= target, "commit")
+
+
+def test_apply_stops_when_the_tick_budget_is_spent(alone: ReplicatedLog) -> None:
+    """A tick applies committed entries only while its budget lasts, so heartbeats and the
+    network are served between heavy commands; the rest is applied in the next ticks."""
+    alone.apply_budget_s = 0.0  # every tick applies exactly one entry
+    _propose(alone, [barrier() for _ in range(5)])
+    behind = alone.raftCommitIndex - alone.raftLastApplied
+    assert behind >= 2
+    for _ in range(behind):
+        before = alone.raftLastApplied
+        alone._onTick(0.0)
+        assert alone.raftLastApplied == before + 1
+    assert alone.raftLastApplied == alone.raftCommitIndex
+    assert alone._SyncObj__raftCommitIndex == alone.raftCommitIndex  # restored after each call
+
+
+def test_large_commands_are_compacted_by_size(alone: ReplicatedLog, tmp_path: Path) -> None:
+    """pysyncobj compacts after so many entries; a few large commands must be enough."""
+    body = b"x" * (300 * 1024)
+    create = command([B("init", [], creates={"t": 1})])
+    big = [command([B(f"k{i}", [("t", 0, body, i)])]) for i in range(5)]
+    _propose(alone, [create, *big])
+    _tick_until(alone, lambda: (tmp_path / "raft" / "snapshot").exists(), "snapshot after 1.5 MB")
+    _tick_until(alone, lambda: alone.status()["log_len"] < 5, "compaction of the log")
 
 
 def _chunk(commit_index: int, *, first: bool, last: bool) -> dict[str, object]:
