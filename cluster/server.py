@@ -15,7 +15,7 @@ import sys
 import orjson
 from aiohttp import web
 
-from cluster import logs
+from cluster import logs, malloc
 from cluster.api import CONFIG_HOOKS, METRICS, create_app
 from cluster.broker import Broker
 from cluster.config import ConfigError, NodeConfig, load
@@ -82,6 +82,8 @@ def run(config_path: str | None, overrides: dict[str, str] | None = None) -> int
         return 2
     logs.setup(f"node-{config.node_id}", config.log_level, config.log_format)
     log.info("effective config: %s", orjson.dumps(config.masked()).decode())
+    if malloc.fix_mmap_threshold():
+        log.debug("glibc mmap threshold fixed at %d bytes", malloc.MMAP_THRESHOLD_BYTES)
     try:
         return asyncio.run(serve(config))
     except KeyboardInterrupt:
