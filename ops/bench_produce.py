@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.launcher import LocalCluster, parse_sets
+from ops.benchdir import add_data_dir_argument, bench_dir
 from ops.stats import percentile
 
 FOLLOWER_SETTINGS = {"raft_min_timeout_ms": 1500, "raft_max_timeout_ms": 3000}
@@ -204,7 +205,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(args: argparse.Namespace) -> int:
-    result = run(args)
+    with bench_dir(args, "chronomq-bench-"):
+        result = run(args)
     rows: list[tuple[str, Any]] = [
         (k, result[k])
         for k in (
@@ -266,9 +268,7 @@ def register(subparsers: Any) -> None:
         "--http-port", type=int, default=28080, help="node i serves HTTP on this port + i"
     )
     p.add_argument("--raft-port", type=int, default=29080, help="node i uses Raft port + i")
-    p.add_argument(
-        "--data-dir", help="where the nodes keep their files (default: a new temporary directory)"
-    )
+    add_data_dir_argument(p)
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config key for every node")
     p.add_argument("--out", help="write the figures as JSON here")
     p.set_defaults(func=main)

@@ -26,6 +26,7 @@ from typing import Any
 
 from cluster.client import Client
 from cluster.launcher import LocalCluster, parse_sets
+from ops.benchdir import add_data_dir_argument, bench_dir
 from ops.stats import percentile
 
 TOPIC = "bench-delayed"
@@ -198,7 +199,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(args: argparse.Namespace) -> int:
-    result = run(args)
+    with bench_dir(args, "chronomq-bench-schedule-"):
+        result = run(args)
     rows: list[tuple[str, Any]] = [
         ("nodes", result["nodes"]),
         ("levels", result["levels"]),
@@ -256,7 +258,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--rate", type=int, default=0, help="steady msgs/s for the lateness phase")
     p.add_argument("--duration", type=int, default=30, help="seconds of the lateness phase")
     p.add_argument("--out", help="write the figures as JSON here")
-    p.add_argument("--data-dir", dest="data_dir", help="default: a new temporary directory")
+    add_data_dir_argument(p)
     p.add_argument(
         "--http-port",
         dest="http_port",

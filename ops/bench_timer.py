@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.launcher import LocalCluster, parse_sets
+from ops.benchdir import add_data_dir_argument, bench_dir
 from ops.stats import percentile
 
 TOPIC = "bench-timer"
@@ -248,7 +249,16 @@ async def _burst(cluster: LocalCluster, leader: int, n: int, producers: int) -> 
                     ],
                 )
 
-        await asyncio.gather(*(producer() for _ in range(producers)))
+        async def report() -> None:
+            while True:
+                await asyncio.sleep(10)
+                _progress(f"burst: {min(sent, n)}/{n} sent, {time.monotonic() - t0:.0f} s")
+
+        reporter = asyncio.create_task(report())
+        try:
+            await asyncio.gather(*(producer() for _ in range(producers)))
+        finally:
+            reporter.cancel()
         produce_s = time.monotonic() - t0
         _progress(
             f"burst: {n} produced in {produce_s:.1f} s ({n / produce_s:.0f}/s); waiting for the wheel"
@@ -264,8 +274,9 @@ async def _burst(cluster: LocalCluster, leader: int, n: int, producers: int) -> 
             await asyncio.sleep(wait_s)
         pids = {i: p.pid for i, p in cluster.procs.items()}
         cpu_before = {i: cpu_seconds(pid) for i, pid in pids.items()}
-        produce_peak = peak_rss_bytes(pids[leader])
-        drain_peak_known = reset_peak_rss(pids[leader])
+        produce_peaks = {i: peak_rss_bytes(pid) for i, pid in pids.items()}
+        drain_peaks_known = all([reset_peak_rss(pid) for pid in pids.values()])
+        term_before = (await client.node(url))["term"]
         resumed = time.monotonic()
         await client.timer_switches(stop_dequeue=False)
         target = before + n
@@ -277,21 +288,36 @@ async def _burst(cluster: LocalCluster, leader: int, n: int, producers: int) -> 
             await asyncio.sleep(0.05)
         drain_s = time.monotonic() - resumed
         cpu_after = {i: cpu_seconds(pid) for i, pid in pids.items()}
+        drain_peaks = {
+            i: peak_rss_bytes(pid) if drain_peaks_known else None for i, pid in pids.items()
+        }
+        leader_after = cluster.wait_leader(60)
+        term_after = (await client.node(cluster.http_url(leader_after)))["term"]
+
+        def name(i: int) -> str:
+            roles = [
+                r for r, who in (("leader", leader), ("leader after", leader_after)) if who == i
+            ]
+            return f"node{i}" + (f"({', '.join(roles)})" if roles else "")
+
         drain_cpu = {
-            f"node{i}{'(leader)' if i == leader else ''}": round(after - before_cpu, 2)
+            name(i): round(after - before_cpu, 2)
             for i, (before_cpu, after) in ((i, (cpu_before[i], cpu_after[i])) for i in pids)
             if before_cpu is not None and after is not None
         }
-        pid = cluster.procs[leader].pid
+        peaks = {i: max(produce_peaks[i] or 0, drain_peaks[i] or 0) or None for i in pids}
         return {
             "burst": n,
             "burst_produce_s": round(produce_s, 2),
             "drained": last - before,
             "drain_s": round(drain_s, 2),
             "drain_messages_per_s": round((last - before) / drain_s) if drain_s > 0 else None,
-            "peak_rss_bytes": max(produce_peak or 0, peak_rss_bytes(pid) or 0) or None,
-            "produce_peak_rss_bytes": produce_peak,
-            "drain_peak_rss_bytes": peak_rss_bytes(pid) if drain_peak_known else None,
+            "peak_rss_bytes": peaks[leader],
+            "max_node_peak_rss_bytes": max((v for v in peaks.values() if v), default=None),
+            "produce_peak_rss_bytes": produce_peaks[leader],
+            "drain_peak_rss_bytes": drain_peaks[leader],
+            "peak_rss_bytes_by_node": {name(i): peaks[i] for i in pids},
+            "drain_term_changes": term_after - term_before,
             "drain_cpu_s": drain_cpu,
         }
 
@@ -382,16 +408,23 @@ _ROWS = (
     "peak_rss_bytes",
     "produce_peak_rss_bytes",
     "drain_peak_rss_bytes",
+    "max_node_peak_rss_bytes",
+    "peak_rss_bytes_by_node",
+    "drain_term_changes",
     "drain_cpu_s",
 )
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        result = run(args)
-    except RuntimeError as exc:
-        print(f"chronomq bench timer: {exc}", file=sys.stderr)
-        return 2
+    with bench_dir(args, "chronomq-bench-timer-") as data:
+        try:
+            result = run(args)
+        except RuntimeError as exc:
+            data.keep()
+            print(f"chronomq bench timer: {exc}", file=sys.stderr)
+            return 2
+        if any(result.get(k) for k in ("early", "lost", "duplicated")):
+            data.keep()
     rows = [(k, result[k]) for k in _ROWS if k in result]
     if result["settings"]:
         rows.append(("settings", " ".join(f"{k}={v}" for k, v in result["settings"].items())))
@@ -429,7 +462,7 @@ def register(subparsers: Any) -> None:
         "--http-port", type=int, default=28180, help="node i serves HTTP on this port + i"
     )
     p.add_argument("--raft-port", type=int, default=29180, help="node i uses Raft port + i")
-    p.add_argument("--data-dir", help="where the nodes keep their files (default: a temp dir)")
+    add_data_dir_argument(p)
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config key for every node")
     p.add_argument("--out", help="write the figures as JSON here")
     p.set_defaults(func=main)
