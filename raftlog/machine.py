@@ -113,6 +113,7 @@ class ReplicatedLog(SyncObj):
         # Apply no longer than a heartbeat period in one tick (see _SyncObj__applyLogEntries).
         self.apply_budget_s = config.append_entries_period_ms / 1000
         self._apply_behind = False
+        self._commit_target = 0
         self._applied_bytes = 0
         journal_path = str(raft_dir / "journal")
         if not os.path.exists(self._dump_path):
@@ -169,7 +170,7 @@ class ReplicatedLog(SyncObj):
         The commit index is lowered to one entry past the last applied for each call, and
         restored after; what is left is applied in the next ticks, which then do not wait.
         """
-        target = self._SyncObj__raftCommitIndex
+        target = self._commit_target = self._SyncObj__raftCommitIndex
         deadline = time.monotonic() + self.apply_budget_s
         need_send = False
         try:
@@ -180,8 +181,15 @@ class ReplicatedLog(SyncObj):
                     break  # no progress (pysyncobj logged why), or this tick's time is up
         finally:
             self._SyncObj__raftCommitIndex = target
+            self._commit_target = 0
         self._apply_behind = self._SyncObj__raftLastApplied < target
         return need_send
+
+    @property
+    def raftCommitIndex(self) -> int:  # noqa: N802 - pysyncobj's name
+        """The commit index, also while :meth:`_SyncObj__applyLogEntries` lowers it (read by
+        other threads for status and logs)."""
+        return max(self._SyncObj__raftCommitIndex, self._commit_target)
 
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
         """Two corrections to pysyncobj's message handling.
