@@ -260,20 +260,21 @@ class ReplicatedLog(SyncObj):
     # ------------------------------------------------------------------ snapshots
 
     def _serialize(self, path: str, data: tuple[Any, Any, Any]) -> None:
+        entry_s, entry_s1, cluster = data
         started = time.monotonic()
         try:
-            self._write_snapshot(path, data)
+            self._write_dump(path, entry_s, entry_s1, sorted(node.id for node in cluster))
         finally:
             self.ticks.snapshotted(time.monotonic() - started)
 
-    def _write_snapshot(self, path: str, data: tuple[Any, Any, Any]) -> None:
-        entry_s, entry_s1, cluster = data
+    def _write_dump(self, path: str, entry_s: Any, entry_s1: Any, cluster: list[str]) -> None:
+        """Write the store's state as the snapshot ending at ``entry_s``.
+
+        The store has applied every entry up to it (entries that are not commands, such as
+        pysyncobj's no-ops, leave the store as it was).
+        """
         self._store.applied_index = entry_s[1]
-        raft = {
-            "s": encode_entry(entry_s),
-            "s1": encode_entry(entry_s1),
-            "cluster": sorted(node.id for node in cluster),
-        }
+        raft = {"s": encode_entry(entry_s), "s1": encode_entry(entry_s1), "cluster": cluster}
         blob = self._store.snapshot(raft)
         with open(path, "wb") as f:
             f.write(blob)
@@ -291,6 +292,10 @@ class ReplicatedLog(SyncObj):
                 _fatal(f"the local snapshot {path} cannot be read ({exc})")
             log.error("rejecting a received snapshot: %s", exc)
             raise
+        if not starting:
+            kept = self._keep_applied(path, snap)
+            if kept is not None:
+                return kept
         try:
             self._store.restore(snap, self._fetch, self._peer_bytes)
         except Exception as exc:
@@ -307,6 +312,52 @@ class ReplicatedLog(SyncObj):
         cluster = [TCPNode(n) for n in raft["cluster"]]
         log.info("restored snapshot at index %s, CommitLog %s bytes", snap["index"], snap["length"])
         return decode_entry(raft["s"]), decode_entry(raft["s1"]), cluster
+
+    def _keep_applied(self, path: str, snap: dict[str, Any]) -> tuple[Any, Any, Any] | None:
+        """Keep what this follower applied past a snapshot it is sent; None to restore it.
+
+        A leader sends a snapshot while its view of a follower lies before its compacted log.
+        A follower's answers to append messages sent before it caught up move that view back
+        after it has installed the snapshot and applied entries past it, so it is sent the
+        same snapshot again, sometimes several times. Restoring it took the store back to the
+        snapshot (CommitLog truncated, ConsumeQueues cut) until the leader sent the later
+        entries once more: meanwhile this node's reads lacked messages it had already served.
+        Raft keeps such a follower's state (InstallSnapshot, step 6 in section 7 of the paper).
+
+        Only a store that holds the snapshot's state and whose CommitLog past it ends as a
+        peer's does is kept (:meth:`Store.holds`): the entries it applied are then the
+        committed ones, which the leader holds too, and it answers as if the snapshot ended at
+        its last applied entry. pysyncobj keeps the two entries returned as its journal and
+        applies from the next; the dump file is rewritten to end there too, so that a restart
+        finds the journal starting where the dump ends.
+        """
+        raft = snap["raft"]
+        index_s, term_s = decode_entry(raft["s"])[1:]
+        applied = self.raftLastApplied
+        if applied <= index_s:
+            return None
+        ours = self._SyncObj__getEntries(index_s, 1)
+        if ours and ours[0][2] != term_s:
+            return None  # not the same history
+        last = self._SyncObj__getEntries(applied - 1, 2)
+        if len(last) != 2 or not self._store.holds(snap, self._peer_bytes):
+            return None
+        entry_s1, entry_s = last
+        try:
+            tmp = path + ".keep.tmp"
+            self._write_dump(tmp, entry_s, entry_s1, list(raft["cluster"]))
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning(
+                "writing a snapshot at index %d failed (%s): restoring instead", applied, exc
+            )
+            return None
+        log.info(
+            "kept the state at index %d: already past the snapshot at index %d it was sent",
+            applied,
+            index_s,
+        )
+        return entry_s, entry_s1, [TCPNode(n) for n in raft["cluster"]]
 
     def _fetch_peers(self) -> list[tuple[str, int]]:
         """Catch-up addresses of the other members, the leader's first."""

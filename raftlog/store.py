@@ -542,6 +542,33 @@ class Store:
         self.applied_length = length
         self._reattach_extensions()
 
+    def holds(
+        self, snap: Mapping[str, Any], peer_bytes: Callable[[int, int], bytes | None]
+    ) -> bool:
+        """Whether this store already holds the snapshot's state and went on along the same
+        history, so that restoring it would only take the store back.
+
+        The CommitLog must be at least the snapshot's length and its bytes before that length
+        must end as the snapshot's do (the same last 64 KiB, the check :meth:`restore`
+        trusts). Bytes past that length must end as a peer's do at the same offsets
+        (``peer_bytes(start, end)``, None when no peer has them all): a tail the cluster never
+        committed can only end where the local CommitLog ends, and restoring the snapshot is
+        what replaces such a tail. False when no peer answers.
+        """
+        length = int(snap["length"])
+        have = self.applied_length
+        if snap["segment_bytes"] != self.commitlog.segment_bytes:
+            return False
+        if have < length or self.commitlog.length != have:
+            return False
+        if self._range_digest(int(snap["tail_from"]), length) != snap["tail_digest"]:
+            return False
+        if have == length:
+            return True
+        start = max(length, have - COMPARE_WINDOW_BYTES)
+        theirs = peer_bytes(start, have)
+        return theirs is not None and theirs == self.commitlog.read_range(start, have)
+
     def _reattach_extensions(self) -> None:
         with self._ext_cond:
             for ext in self.extensions.values():

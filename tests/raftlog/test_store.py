@@ -668,3 +668,84 @@ def test_reset_empties_everything(store: Store) -> None:
     assert (store.topics, store.kv, len(store.idem)) == ({}, {}, 0)
     assert store.digest() == {"index": 0, "length": 0, "chain": bytes(16).hex()}
     assert record.BLANK_SIZE == 8
+
+
+def _every_record_indexed(s: Store) -> None:
+    """Every message record of the CommitLog is the one its ConsumeQueue unit points at, and
+    every queue holds exactly its topic table's count."""
+    per_queue: dict[tuple[str, int], int] = {}
+    for at, data in s.commitlog.iter_records(0):
+        msg = record.decode(data)
+        key = (msg.topic, msg.queue_id)
+        assert msg.queue_offset == per_queue.get(key, 0), f"{key} out of order at {at}"
+        per_queue[key] = msg.queue_offset + 1
+        [unit] = s.read_units(msg.topic, msg.queue_id, msg.queue_offset, 1)
+        assert (unit.commitlog_offset, unit.size) == (at, len(data))
+    counts = {(t, q): n for t, qs in s.topics.items() for q, n in enumerate(qs) if n}
+    assert counts == per_queue
+    assert {k: n for k, n in s.cqs.queues().items() if n} == per_queue
+
+
+@pytest.mark.parametrize("seed", [3, 17, 40])
+def test_the_same_snapshot_installed_again_after_entries_past_it(
+    make_store: StoreFactory, seed: int
+) -> None:
+    """A follower far behind may be sent the same snapshot several times, applying some of
+    the entries after it in between (its answers to old append messages rewind the leader's
+    view of it). Each install takes it back to exactly the snapshot's state; replaying the
+    entries after it gives what a replica that never restored has, every message readable."""
+    leader, follower = make_store("leader"), make_store("follower")
+    cmds = random_commands(seed, 120)
+    apply_leader, apply_follower = Applier(leader), Applier(follower)
+    for data in cmds[:30]:
+        apply_leader(data)
+        apply_follower(data)
+    for data in cmds[30:80]:
+        apply_leader(data)
+    snap_bytes = leader.snapshot({})
+    for data in cmds[80:]:
+        apply_leader(data)
+    rng = random.Random(seed)
+    for _round in range(4):
+        follower.restore(
+            Store.parse_snapshot(snap_bytes), _fetcher(leader, follower), _peer_bytes(leader)
+        )
+        _every_record_indexed(follower)
+        replay = Applier(follower, index=80)
+        for data in cmds[80 : 80 + rng.randint(0, 40)]:
+            replay(data)
+        _every_record_indexed(follower)
+    follower.restore(
+        Store.parse_snapshot(snap_bytes), _fetcher(leader, follower), _peer_bytes(leader)
+    )
+    replay = Applier(follower, index=80)
+    for data in cmds[80:]:
+        replay(data)
+    _every_record_indexed(follower)
+    assert state(follower) == state(leader)
+
+
+def test_holds_a_snapshot_it_went_past_along_the_same_history_only(
+    make_store: StoreFactory,
+) -> None:
+    a, b, c = make_store("a"), make_store("b"), make_store("c")
+    cmds = random_commands(8, 60)
+    apply_a, apply_b, apply_c = Applier(a), Applier(b), Applier(c)
+    for data in cmds[:30]:
+        apply_a(data)
+        apply_b(data)
+        apply_c(data)
+    at_30 = Store.parse_snapshot(a.snapshot({}))
+    assert a.holds(at_30, lambda start, end: pytest.fail("nothing past the snapshot"))
+    for data in cmds[30:]:
+        apply_a(data)
+        apply_b(data)
+    assert a.holds(at_30, _peer_bytes(b))  # past it, along the same history
+    assert not a.holds(at_30, lambda start, end: None)  # no peer to tell
+    # c went on with a command the cluster never committed: its tail is not the peers'.
+    apply_c(command([B("other", [("t", 0, b"not the leader's" * 20, 10**6)])]))
+    assert c.commitlog.length > int(at_30["length"])
+    assert not c.holds(at_30, _peer_bytes(a))
+    # Nor does a store behind a snapshot hold it.
+    assert c.commitlog.length < a.commitlog.length
+    assert not c.holds(Store.parse_snapshot(a.snapshot({})), _peer_bytes(a))
