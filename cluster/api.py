@@ -324,13 +324,11 @@ async def put_offset(request: web.Request) -> web.Response:
     topic, queue, offset = body.get("topic"), body.get("queue"), body.get("offset")
     if not isinstance(topic, str):
         raise bad_request("topic is required", "topic")
-    broker.describe_topic(topic)  # 404 for an unknown topic
+    broker.queue_count(topic)  # 404 for an unknown topic
     for name, v in (("queue", queue), ("offset", offset)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise bad_request(f"{name} must be a non-negative integer", name)
-    n = broker.raftlog.store.queue_count(topic) or 0
-    if queue >= n:  # type: ignore[operator]
-        raise ApiError(404, "unknown_queue", f"topic {topic} has queues 0..{n - 1}", "queue")
+    broker.check_queue(topic, queue)  # type: ignore[arg-type]
     from raftlog.record import validate_topic
 
     validate_topic(group, "group")

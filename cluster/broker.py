@@ -438,11 +438,7 @@ class Broker:
         self, topic: str, queue: int, offset: int, max_messages: int, wait_ms: int
     ) -> dict[str, Any]:
         store = self.raftlog.store
-        n = store.queue_count(topic)
-        if n is None:
-            raise ApiError(404, "unknown_topic", f"topic {topic} does not exist", "topic")
-        if queue >= n:
-            raise ApiError(404, "unknown_queue", f"topic {topic} has queues 0..{n - 1}", "queue")
+        self.check_queue(topic, queue)
         deadline = time.monotonic() + wait_ms / 1000
         while True:
             msgs = store.read_messages(topic, queue, offset, max_messages)
@@ -456,11 +452,22 @@ class Broker:
             "max_offset": store.max_offset(topic, queue),
         }
 
-    def describe_topic(self, topic: str) -> dict[str, Any]:
-        store = self.raftlog.store
-        n = store.queue_count(topic)
+    def queue_count(self, topic: str) -> int:
+        """The topic's queue count; 404 naming ``topic`` when it does not exist."""
+        n = self.raftlog.store.queue_count(topic)
         if n is None:
             raise ApiError(404, "unknown_topic", f"topic {topic} does not exist", "topic")
+        return n
+
+    def check_queue(self, topic: str, queue: int) -> None:
+        """404 naming ``topic`` or ``queue`` unless the topic has that queue."""
+        n = self.queue_count(topic)
+        if queue >= n:
+            raise ApiError(404, "unknown_queue", f"topic {topic} has queues 0..{n - 1}", "queue")
+
+    def describe_topic(self, topic: str) -> dict[str, Any]:
+        store = self.raftlog.store
+        n = self.queue_count(topic)
         return {
             "topic": topic,
             "queues": [
@@ -496,11 +503,7 @@ class Broker:
         from schedule.retry import RetryConfig, RetryTarget, plan_retry
 
         store = self.raftlog.store
-        n = store.queue_count(topic)
-        if n is None:
-            raise ApiError(404, "unknown_topic", f"topic {topic} does not exist", "topic")
-        if queue >= n:
-            raise ApiError(404, "unknown_queue", f"topic {topic} has queues 0..{n - 1}", "queue")
+        self.check_queue(topic, queue)
         found = store.read_messages(topic, queue, offset, 1)
         if not found:
             raise ApiError(
