@@ -66,6 +66,29 @@ class Placed:
     size: int
 
 
+def _placed(
+    buf: bytearray,
+    buf_at: list[int],
+    phys: list[int],
+    sizes: list[int],
+    qoffs: list[int],
+    cq_keys: list[tuple[str, int]],
+    indexes: range,
+) -> tuple[Placed, ...]:
+    """Where records ``indexes`` of one :meth:`Store._write_records` call went."""
+    return tuple(
+        Placed(
+            record.msg_id_at(buf, buf_at[i]),
+            cq_keys[i][0],
+            cq_keys[i][1],
+            qoffs[i],
+            phys[i],
+            sizes[i],
+        )
+        for i in indexes
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class BatchOutcome:
     key: str
@@ -219,17 +242,7 @@ class Store:
             parts.append(r.data)
         buf = bytearray(b"".join(parts))
         phys, buf_at = self._write_records(buf, sizes, qoffs, cq_keys)
-        return [
-            Placed(
-                record.msg_id_at(buf, buf_at[i]),
-                cq_keys[i][0],
-                cq_keys[i][1],
-                qoffs[i],
-                phys[i],
-                sizes[i],
-            )
-            for i in range(len(sizes))
-        ]
+        return list(_placed(buf, buf_at, phys, sizes, qoffs, cq_keys, range(len(sizes))))
 
     def _write_records(
         self,
@@ -349,19 +362,9 @@ class Store:
         want = self.want_results()
         for out_idx, key, first_i, count in pending_idem:
             placed = (
-                ()
-                if not want
-                else tuple(
-                    Placed(
-                        record.msg_id_at(buf, buf_at[i]),
-                        cq_keys[i][0],
-                        cq_keys[i][1],
-                        qoffs[i],
-                        phys[i],
-                        sizes[i],
-                    )
-                    for i in range(first_i, first_i + count)
-                )
+                _placed(buf, buf_at, phys, sizes, qoffs, cq_keys, range(first_i, first_i + count))
+                if want
+                else ()
             )
             outcomes[out_idx] = BatchOutcome(key, OK, placed)
             self._remember(key, (phys[first_i] if count else 0, count, OK))
