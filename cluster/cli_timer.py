@@ -11,6 +11,8 @@ import json
 import os
 from typing import Any
 
+from ops.output import print_rows
+
 
 def _call(args: argparse.Namespace, fn: Any) -> Any:
     from cluster.cli import _client_call
@@ -49,9 +51,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         ("checkpoint_index", (data["checkpoint"] or {}).get("applied_index")),
     ]
     rows += [(f"total_{k}", v) for k, v in data["totals"].items()]
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k.ljust(width)}  {v}")
+    width = print_rows(rows)
     for topic, n in data["backlog"]["by_topic"].items():
         print(f"{'backlog ' + topic:<{width}}  {n}")
     return 0

@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from cluster.launcher import LocalCluster, parse_sets
 from ops.benchdir import add_data_dir_argument, bench_dir
+from ops.output import print_rows, write_json
 from ops.stats import percentile
 
 FOLLOWER_SETTINGS = {"raft_min_timeout_ms": 1500, "raft_max_timeout_ms": 3000}
@@ -117,7 +116,7 @@ async def _produce_http(
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = parse_sets(args.set)
-    data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="chronomq-bench-"))
+    data_dir = Path(args.data_dir)  # set by bench_dir in main
     cluster = LocalCluster(
         args.nodes,
         data_dir,
@@ -223,11 +222,8 @@ def main(args: argparse.Namespace) -> int:
     ]
     if "rate" in result:
         rows.insert(6, ("steady_rate", result["rate"]))
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k.ljust(width)}  {v}")
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print_rows(rows)
+    write_json(result, args.out)
     return 0
 
 

@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ from typing import Any
 from cluster.client import Client
 from cluster.launcher import LocalCluster, parse_sets
 from ops.benchdir import add_data_dir_argument, bench_dir
+from ops.output import print_rows, write_json
 from ops.stats import percentile
 
 TOPIC = "bench-delayed"
@@ -158,7 +157,7 @@ async def _lateness_phase(
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = {"message_delay_level": level_table(args.levels), **parse_sets(args.set)}
-    data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="chronomq-bench-schedule-"))
+    data_dir = Path(args.data_dir)  # set by bench_dir in main
     body = os.urandom(args.body_bytes // 2 + 1).hex()[: args.body_bytes]
     cluster = LocalCluster(
         args.nodes, data_dir, http_port=args.http_port, raft_port=args.raft_port, settings=settings
@@ -220,11 +219,8 @@ def main(args: argparse.Namespace) -> int:
             ("lost", result["lost"]),
             ("duplicated", result["duplicated"]),
         ]
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k.ljust(width)}  {v}")
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print_rows(rows)
+    write_json(result, args.out)
     failed = result.get("lost") or result.get("duplicated") or result.get("early")
     return 1 if failed else 0
 

@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import signal
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -40,6 +38,7 @@ from typing import Any
 
 from cluster.launcher import LocalCluster, parse_sets
 from ops.benchdir import add_data_dir_argument, bench_dir
+from ops.output import print_rows, write_json
 from ops.stats import percentile
 
 TOPIC = "bench-timer"
@@ -302,8 +301,8 @@ async def _burst(cluster: LocalCluster, leader: int, n: int, producers: int) -> 
 
         drain_cpu = {
             name(i): round(after - before_cpu, 2)
-            for i, (before_cpu, after) in ((i, (cpu_before[i], cpu_after[i])) for i in pids)
-            if before_cpu is not None and after is not None
+            for i in pids
+            if (before_cpu := cpu_before[i]) is not None and (after := cpu_after[i]) is not None
         }
         peaks = {i: max(produce_peaks[i] or 0, drain_peaks[i] or 0) or None for i in pids}
         return {
@@ -357,7 +356,7 @@ def _terminate(signum: int, frame: Any) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = parse_sets(args.set)
-    data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="chronomq-bench-timer-"))
+    data_dir = Path(args.data_dir)  # set by bench_dir in main
     cluster = LocalCluster(
         args.nodes, data_dir, http_port=args.http_port, raft_port=args.raft_port, settings=settings
     )
@@ -423,17 +422,14 @@ def main(args: argparse.Namespace) -> int:
             data.keep()
             print(f"chronomq bench timer: {exc}", file=sys.stderr)
             return 2
-        if any(result.get(k) for k in ("early", "lost", "duplicated")):
+        broken = any(result.get(k) for k in ("early", "lost", "duplicated"))
+        if broken:
             data.keep()
     rows = [(k, result[k]) for k in _ROWS if k in result]
     if result["settings"]:
         rows.append(("settings", " ".join(f"{k}={v}" for k, v in result["settings"].items())))
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k.ljust(width)}  {v}")
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    broken = any(result.get(k) for k in ("early", "lost", "duplicated"))
+    print_rows(rows)
+    write_json(result, args.out)
     return 1 if broken else 0
 
 

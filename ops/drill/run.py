@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import shutil
 import signal
@@ -33,6 +32,7 @@ from ops.drill import netns
 from ops.drill.checker import SAFETY, check
 from ops.drill.history import History, now_ms, read_history
 from ops.drill.workload import TOPIC, Workload, WorkloadConfig
+from ops.output import print_rows, write_json
 
 DRILL_SETTINGS = {
     "message_delay_level": "1s 2s 3s 5s",
@@ -261,9 +261,7 @@ def _table(result: dict[str, Any]) -> None:
         ("lateness p50/p99/max ms", "{p50} / {p99} / {max}".format(**result["lateness_ms"])),
         ("replicas converged", result.get("replicas_converged")),
     ]
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k.ljust(width)}  {v}")
+    print_rows(rows)
     if result["rto_s"]:
         print()
         print(
@@ -294,8 +292,7 @@ def main(args: argparse.Namespace) -> int:
         print("chronomq drill: interrupted; everything it started was stopped", file=sys.stderr)
         return 130
     _table(result)
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(result, args.out)
     if not args.keep and args.out_dir is None:
         shutil.rmtree(result["out_dir"], ignore_errors=True)
     safe = all(result[name] == 0 for name in SAFETY)
