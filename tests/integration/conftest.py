@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,3 +97,21 @@ def make_joinable_cluster(tmp_path: Path) -> Iterator[Any]:
     yield make
     for c in clusters:
         c.stop()
+
+
+async def wait_for(
+    predicate: Callable[[], Awaitable[Any]],
+    timeout_s: float,
+    what: str,
+    cluster: LocalCluster | None = None,
+) -> Any:
+    """Await ``predicate`` every 50 ms until it returns something truthy, and return that;
+    fail naming ``what`` (with the nodes' last log lines when ``cluster`` is given)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = await predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    logs = f"\n{dump_logs(cluster)}" if cluster is not None else ""
+    raise AssertionError(f"{what} not within {timeout_s} s{logs}")

@@ -13,23 +13,13 @@ import pytest
 
 from cluster.client import Client, ClientError
 from cluster.launcher import LocalCluster
-from tests.integration.conftest import dump_logs
+from tests.integration.conftest import dump_logs, wait_for
 
 pytestmark = pytest.mark.integration
 
 
 def followers(cluster: LocalCluster, leader: int) -> list[int]:
     return [i for i in range(cluster.n) if i != leader and cluster.alive(i)]
-
-
-async def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = await predicate()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"{what} not within {timeout_s} s")
 
 
 def test_produce_through_follower_and_pull_anywhere(make_cluster: Any) -> None:

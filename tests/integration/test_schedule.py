@@ -5,33 +5,19 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import pytest
 
 from cluster.client import Client, ClientError
-from cluster.launcher import LocalCluster
-from tests.integration.conftest import dump_logs
+from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.integration
 
 LEVELS = "1s 2s 3s 5s"
 TOPIC = "orders"
 QUEUES = 4
-
-
-async def wait_for(
-    predicate: Callable[[], Awaitable[Any]], timeout_s: float, what: str, cluster: LocalCluster
-) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = await predicate()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{what} not within {timeout_s} s\n{dump_logs(cluster)}")
 
 
 async def produce_levels(client: Client, per_level: int, levels: int = 4) -> dict[str, int]:

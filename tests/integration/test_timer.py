@@ -19,7 +19,7 @@ import pytest
 from cluster.client import Client
 from cluster.launcher import LocalCluster
 from ops.stats import percentile
-from tests.integration.conftest import dump_logs
+from tests.integration.conftest import dump_logs, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -55,16 +55,6 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "cluster", *args], capture_output=True, text=True, timeout=60
     )
-
-
-async def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = await predicate()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"{what} not within {timeout_s} s")
 
 
 class Collector:
