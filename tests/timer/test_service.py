@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -22,6 +22,8 @@ from timer.config import TimerConfig
 from timer.errors import DelayTooLong, InvalidDeliverTime, SlotCongested
 from timer.service import timer_config_from
 from timer.timerlog import read_records
+
+T = TypeVar("T")
 
 PRECISION = 100
 
@@ -192,9 +194,11 @@ def test_the_observer_hears_deliveries_on_the_leader(make_group: Any) -> None:
 # ---------------------------------------------------------------------- cancel
 
 
-def cancel(g: Group, msg_id: str) -> dict[str, Any]:
-    async def go() -> dict[str, Any]:
-        task = asyncio.ensure_future(g.service.cancel(msg_id))
+def committing(g: Group, call: Awaitable[T]) -> T:
+    """Run a service call that waits for its command, committing while it waits."""
+
+    async def go() -> T:
+        task = asyncio.ensure_future(call)
         for _ in range(100):
             await asyncio.sleep(0)
             g.commit()
@@ -203,6 +207,10 @@ def cancel(g: Group, msg_id: str) -> dict[str, Any]:
         return await task
 
     return asyncio.run(go())
+
+
+def cancel(g: Group, msg_id: str) -> dict[str, Any]:
+    return committing(g, g.service.cancel(msg_id))
 
 
 def test_cancel_before_delivery_wins_and_after_says_delivered(make_group: Any) -> None:
@@ -345,16 +353,7 @@ def test_a_full_slot_refuses_more_and_refuses_more_often_as_it_fills(make_group:
 
 
 def switches(g: Group, **changes: bool) -> dict[str, bool]:
-    async def go() -> dict[str, bool]:
-        task = asyncio.ensure_future(g.service.set_switches(**changes))
-        for _ in range(50):
-            await asyncio.sleep(0)
-            g.commit()
-            if task.done():
-                break
-        return await task
-
-    return asyncio.run(go())
+    return committing(g, g.service.set_switches(**changes))
 
 
 def test_stop_and_start_dequeue_and_enqueue(make_group: Any) -> None:
