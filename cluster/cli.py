@@ -47,6 +47,17 @@ def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
     print(_table(rows, columns))
 
 
+def add_client_arguments(p: argparse.ArgumentParser) -> None:
+    """``--url`` and ``--json``, for every command that talks to a running cluster."""
+    p.add_argument(
+        "--url",
+        default=os.environ.get("CHRONOMQ_URL", "http://127.0.0.1:8080"),
+        help="one or more node URLs, comma-separated; the next is tried when one does not "
+        "answer (default $CHRONOMQ_URL or http://127.0.0.1:8080)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
 # ---------------------------------------------------------------------- node and cluster
 
 
@@ -370,13 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
             epilog=example_epilog(*examples),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        sp.add_argument(
-            "--url",
-            default=os.environ.get("CHRONOMQ_URL", "http://127.0.0.1:8080"),
-            help="one or more node URLs, comma-separated; the next is tried when one does not "
-            "answer (default $CHRONOMQ_URL or http://127.0.0.1:8080)",
-        )
-        sp.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        add_client_arguments(sp)
         return sp
 
     st = client_parser(

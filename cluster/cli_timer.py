@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from typing import Any
 
 from ops.output import print_rows
@@ -70,7 +69,7 @@ def cmd_switch(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    from cluster.cli import example_epilog, paragraph
+    from cluster.cli import add_client_arguments, example_epilog, paragraph
 
     tp = sub.add_parser(
         "timer",
@@ -88,15 +87,6 @@ def register(sub: Any) -> None:
     )
     tsub = tp.add_subparsers(dest="timer_cmd", required=True, metavar="SUBCOMMAND")
 
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--url",
-            default=os.environ.get("CHRONOMQ_URL", "http://127.0.0.1:8080"),
-            help="one or more node URLs, comma-separated; the next is tried when one does not "
-            "answer (default $CHRONOMQ_URL or http://127.0.0.1:8080)",
-        )
-        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
     cancel = tsub.add_parser(
         "cancel",
         help="cancel timer messages by msg_id (exit 3 unless all are cancelled)",
@@ -113,7 +103,7 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     cancel.add_argument("msg_ids", nargs="+", metavar="MSG_ID", help="msg_id of a timer message")
-    common(cancel)
+    add_client_arguments(cancel)
     cancel.set_defaults(func=cmd_cancel)
     status = tsub.add_parser(
         "status",
@@ -129,7 +119,7 @@ def register(sub: Any) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    common(status)
+    add_client_arguments(status)
     status.set_defaults(func=cmd_status)
     for name, verb in (("stop", "stop"), ("start", "start")):
         sw = tsub.add_parser(
@@ -145,5 +135,5 @@ def register(sub: Any) -> None:
         )
         sw.add_argument("--enqueue", action="store_true", help=f"{verb} putting into the wheel")
         sw.add_argument("--dequeue", action="store_true", help=f"{verb} delivering")
-        common(sw)
+        add_client_arguments(sw)
         sw.set_defaults(func=cmd_switch)
