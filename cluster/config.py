@@ -8,6 +8,7 @@ A bad file, key or value stops the node at start with a message naming the key.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -18,6 +19,9 @@ from typing import Any
 from raftlog.config import RaftConfig, RaftPeer
 
 ENV_PREFIX = "CHRONOMQ_"
+MIN_SECRET_CHARS = 16
+# Keys naming a file that holds a secret key's value: ``<key>_file`` -> ``<key>``.
+SECRET_FILE_KEYS = ("auth_token_file", "cluster_secret_file")
 
 
 class ConfigError(ValueError):
@@ -257,14 +261,64 @@ KEYS: tuple[Key, ...] = (
         min=1024 * 1024,
         max=4 * 1024 * 1024 * 1024,
     ),
-    # Security and logs.
+    # Security.
     Key(
         "auth_token",
         str,
         "",
-        "Bearer token required on write and admin endpoints; empty disables.",
+        "Bearer token every HTTP route requires (but /healthz and /readyz, and /metrics when "
+        "metrics_public); empty disables. Prefer auth_token_file or CHRONOMQ_AUTH_TOKEN: a "
+        "secret is never taken on a command line.",
         secret=True,
     ),
+    Key(
+        "auth_token_file",
+        str,
+        "",
+        "File holding auth_token (one line; must not be readable by group or others).",
+    ),
+    Key(
+        "cluster_secret",
+        str,
+        "",
+        "Secret every Raft and catch-up connection proves with HMAC, at least 16 characters. "
+        "From the config file, CHRONOMQ_CLUSTER_SECRET or cluster_secret_file; never a command "
+        "line. Empty is allowed only on loopback (`cluster up` generates one per data directory).",
+        secret=True,
+    ),
+    Key(
+        "cluster_secret_file",
+        str,
+        "",
+        "File holding cluster_secret (must not be readable by group or others).",
+    ),
+    Key(
+        "allow_insecure",
+        bool,
+        False,
+        "Let a node bind Raft or HTTP to a non-loopback address without a cluster_secret and an "
+        "auth_token. For networks you trust completely.",
+    ),
+    Key(
+        "metrics_public",
+        bool,
+        False,
+        "Serve /metrics without the bearer token (for a Prometheus that cannot send one).",
+    ),
+    Key(
+        "tls_cert_file",
+        str,
+        "",
+        "PEM certificate (chain) for HTTPS; with tls_key_file the HTTP API speaks TLS only.",
+    ),
+    Key("tls_key_file", str, "", "PEM private key of tls_cert_file."),
+    Key(
+        "tls_ca_file",
+        str,
+        "",
+        "PEM bundle a node trusts for its peers' HTTPS; empty: the system's, plus tls_cert_file.",
+    ),
+    # Logs.
     Key(
         "log_level",
         str,
@@ -428,6 +482,7 @@ class NodeConfig:
     def __init__(self, values: Mapping[str, Any]) -> None:
         self._values = dict(values)
         self.peers = self._parse_peers(self._values["peers"])
+        self._check_security()
         if self._values["raft_min_timeout_ms"] >= self._values["raft_max_timeout_ms"]:
             raise ConfigError("raft_max_timeout_ms", "must be greater than raft_min_timeout_ms")
         if self._values["raft_min_timeout_ms"] <= 3 * self._values["append_entries_period_ms"]:
@@ -467,6 +522,35 @@ class NodeConfig:
             out.append(Peer(pid, raft, http, fetch))
         return tuple(out)
 
+    def _check_security(self) -> None:
+        v = self._values
+        secret = v["cluster_secret"]
+        if secret and len(secret) < MIN_SECRET_CHARS:
+            raise ConfigError(
+                "cluster_secret", f"must be at least {MIN_SECRET_CHARS} characters long"
+            )
+        if bool(v["tls_cert_file"]) != bool(v["tls_key_file"]):
+            missing = "tls_key_file" if v["tls_cert_file"] else "tls_cert_file"
+            raise ConfigError(missing, "tls_cert_file and tls_key_file go together")
+        if v["allow_insecure"]:
+            return
+        exposed = [name for name in ("raft_host", "http_host") if not is_loopback_host(v[name])]
+        if not exposed:
+            return
+        for key in ("cluster_secret", "auth_token"):
+            if not v[key]:
+                raise ConfigError(
+                    key,
+                    f"required when {exposed[0]} ({v[exposed[0]]}) is not a loopback address: "
+                    f"set {key} or {key}_file (or allow_insecure = true on a network you trust "
+                    "completely)",
+                )
+
+    @property
+    def cluster_secret_bytes(self) -> bytes:
+        """The cluster secret as the HMAC key peers prove (empty: none configured)."""
+        return str(self._values["cluster_secret"]).encode()
+
     @property
     def raft_address(self) -> str:
         return f"{self.raft_host}:{self.raft_port}"
@@ -477,7 +561,8 @@ class NodeConfig:
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.http_host}:{self.http_port}"
+        scheme = "https" if self.tls_cert_file else "http"
+        return f"{scheme}://{self.http_host}:{self.http_port}"
 
     def values(self) -> dict[str, Any]:
         return dict(self._values)
@@ -527,6 +612,7 @@ class NodeConfig:
             log_compaction_min_entries=self.log_compaction_min_entries,
             log_compaction_min_time_s=self.log_compaction_min_time_s,
             log_compaction_max_bytes=self.log_compaction_max_bytes,
+            cluster_secret=self.cluster_secret_bytes,
         )
 
 
@@ -564,7 +650,46 @@ def load(
     for name in ("data_dir", "ops_log_dir"):
         if values[name]:
             values[name] = str(Path(values[name]).expanduser().absolute())
+    for name in SECRET_FILE_KEYS:
+        _read_secret_file(values, name)
     return NodeConfig(values)
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and loopback IP addresses; any other name or address is not."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _read_secret_file(values: dict[str, Any], file_key: str) -> None:
+    """Fill the secret ``file_key`` names (``auth_token_file`` -> ``auth_token``) from its file."""
+    path = values[file_key]
+    if not path:
+        return
+    key = file_key.removesuffix("_file")
+    if values[key]:
+        raise ConfigError(file_key, f"set {key} or {file_key}, not both")
+    try:
+        st = os.stat(path)
+        if st.st_mode & 0o077:
+            raise ConfigError(
+                file_key,
+                f"{path} is readable or writable by group or others "
+                f"(mode {st.st_mode & 0o777:o}); chmod 600 it",
+            )
+        with open(path, encoding="utf-8") as f:
+            secret = f.read().strip()
+    except OSError as exc:
+        raise ConfigError(file_key, f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(file_key, f"{path} is not UTF-8 text") from None
+    if not secret:
+        raise ConfigError(file_key, f"{path} is empty")
+    values[key] = secret
 
 
 def to_toml(values: Mapping[str, Any]) -> str:

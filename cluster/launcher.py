@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -20,14 +21,46 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cluster.config import KEY_BY_NAME, ConfigError, _coerce, load, to_toml
+from cluster.config import (
+    ENV_PREFIX,
+    KEY_BY_NAME,
+    ConfigError,
+    _coerce,
+    is_loopback_host,
+    load,
+    to_toml,
+)
 
 HOST = "127.0.0.1"
 
 
-def http_get_json(url: str, timeout_s: float = 1.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout_s) as r:  # noqa: S310 - loopback URLs we built
+SECRET_FILE = "cluster.secret"
+TOKEN_FILE = "auth.token"
+
+
+def http_get_json(url: str, timeout_s: float = 1.0, token: str | None = None) -> Any:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:  # noqa: S310 - URLs we built
         return json.loads(r.read())
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (0600), also if it existed."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def generated_secret(path: Path) -> Path:
+    """``path``, holding a random secret (made once, 0600, and kept across restarts)."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_private(path, secrets.token_urlsafe(32) + "\n")
+    return path
 
 
 class LocalCluster:
@@ -67,6 +100,40 @@ class LocalCluster:
         self.node_env = {i: dict(e) for i, e in (node_env or {}).items()}
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self._logs: dict[int, Any] = {}
+        self._security = self._security_settings()
+
+    # ------------------------------------------------------------------ secrets
+
+    def _given(self, key: str) -> str | None:
+        """A key's value from the settings or the nodes' environment, if given there."""
+        value = self.settings.get(key)
+        if value:
+            return str(value)
+        env_name = ENV_PREFIX + key.upper()
+        return self.env.get(env_name) or os.environ.get(env_name) or None
+
+    def _security_settings(self) -> dict[str, str]:
+        """What every node.toml gets so that peers authenticate: a cluster secret generated
+        per data directory when none is given, and an auth token generated when a node
+        listens on a non-loopback address and none is given."""
+        out: dict[str, str] = {}
+        if not (self._given("cluster_secret") or self._given("cluster_secret_file")):
+            out["cluster_secret_file"] = str(self.data_dir / SECRET_FILE)
+        exposed = any(not is_loopback_host(h) for h in self.hosts)
+        if exposed and not (self._given("auth_token") or self._given("auth_token_file")):
+            out["auth_token_file"] = str(self.data_dir / TOKEN_FILE)
+        return out
+
+    @property
+    def auth_token(self) -> str | None:
+        """The bearer token the nodes require, if any (read from wherever it was given)."""
+        token = self._given("auth_token")
+        if token:
+            return token
+        path = self._given("auth_token_file") or self._security.get("auth_token_file")
+        if path and os.path.exists(path):
+            return Path(path).read_text().strip() or None
+        return None
 
     # ------------------------------------------------------------------ layout
 
@@ -107,16 +174,22 @@ class LocalCluster:
             values[name] = _coerce(
                 key, value, from_env=isinstance(value, str) and key.type is not str
             )
+        values.update(self._security)
         values["peers"] = peers
         return values
 
     def write_configs(self) -> None:
+        for generated in self._security.values():
+            generated_secret(Path(generated))
         for i in range(self.n):
             d = self.node_dir(i)
             d.mkdir(parents=True, exist_ok=True)
             path = d / "node.toml"
-            path.write_text(to_toml(self.config_values(i)))
-            load(path, environ={})  # fail here, naming the key, rather than in a child
+            # 0600: the file may hold a secret given in the settings.
+            write_private(path, to_toml(self.config_values(i)))
+            # Fail here, naming the key, rather than in a child (with the environment the
+            # nodes get, which may hold a secret).
+            load(path, environ={**os.environ, **self.env, **self.node_env.get(i, {})})
 
     # ------------------------------------------------------------------ processes
 
@@ -189,7 +262,9 @@ class LocalCluster:
 
     def node_status(self, i: int, timeout_s: float = 1.0) -> dict[str, Any] | None:
         try:
-            data: dict[str, Any] = http_get_json(f"{self.http_url(i)}/v1/admin/node", timeout_s)
+            data: dict[str, Any] = http_get_json(
+                f"{self.http_url(i)}/v1/admin/node", timeout_s, self.auth_token
+            )
             return data
         except (OSError, urllib.error.URLError, ValueError):
             return None
@@ -270,10 +345,19 @@ class LocalCluster:
 
 
 def parse_sets(pairs: list[str] | None) -> dict[str, str]:
+    """``key=value`` pairs from a command line. A secret is refused: `ps` would show it."""
     out: dict[str, str] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ConfigError(pair, "--set takes key=value")
-        out[key.strip()] = value
+        key = key.strip()
+        spec = KEY_BY_NAME.get(key)
+        if spec is not None and spec.secret:
+            raise ConfigError(
+                key,
+                "a secret is not taken on the command line, where `ps` shows it: set "
+                f"{ENV_PREFIX}{key.upper()} in the environment or {key}_file in a config file",
+            )
+        out[key] = value
     return out

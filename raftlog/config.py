@@ -46,4 +46,7 @@ class RaftConfig:
     # Leadership: a leader that has not committed for this long stops its leader-only work.
     leader_lease_ms: int = 1_500
     catchup_deadline_s: int = 300
+    # Every Raft and catch-up connection proves knowledge of this key (HMAC); empty on
+    # loopback-only clusters that were given none.
+    cluster_secret: bytes = b""
     extra: dict[str, object] = field(default_factory=dict)

@@ -104,7 +104,9 @@ async def _drill(
     stop_consumers = asyncio.Event()
     result: dict[str, Any] = {}
     try:
-        async with Client(cluster.urls, deadline_s=10, request_timeout_s=2.5) as client:
+        async with Client(
+            cluster.urls, token=cluster.auth_token, deadline_s=10, request_timeout_s=2.5
+        ) as client:
             await asyncio.to_thread(cluster.wait_leader, 60)
             kinds = ["plain", "level", "timer"]
             if not await _timers_supported(client):

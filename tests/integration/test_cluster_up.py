@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -56,10 +57,11 @@ def test_cluster_up_prints_urls_and_ready_then_stops_cleanly(tmp_path: Path) -> 
         str(raft),
         "--data-dir",
         str(tmp_path / "var"),
-        "--set",
-        "auth_token=s3cret",
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {**os.environ, "CHRONOMQ_AUTH_TOKEN": "s3cret"}
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
     lines: list[str] = []
     try:
         assert proc.stdout is not None
