@@ -27,7 +27,10 @@ RUN apt-get update \
     && mkdir -p /data \
     && chown chronomq:chronomq /data
 COPY --from=build /opt/chronomq /opt/chronomq
-# CHRONOMQ_RAFT_HOST must be the name peers use to reach this node (see compose.yaml).
+# CHRONOMQ_RAFT_HOST must be the name peers use to reach this node (see compose.yaml). HTTP
+# binds every interface of the container, so a node refuses to start without a cluster secret
+# and an auth token (CHRONOMQ_CLUSTER_SECRET and CHRONOMQ_AUTH_TOKEN, or their *_FILE keys
+# naming 0600 files): pass them from an env file or a secret, never as image layers.
 ENV PATH=/opt/chronomq/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     SPARK_LOCAL_IP=127.0.0.1 \

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cluster.config import load
+from cluster.config import ConfigError, load
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,6 +64,10 @@ def _image_env() -> dict[str, str]:
     return env
 
 
+# What chronomq.env holds in a real deployment.
+_SECRETS = {"CHRONOMQ_CLUSTER_SECRET": "s" * 32, "CHRONOMQ_AUTH_TOKEN": "t" * 32}
+
+
 def _services() -> dict[str, Any]:
     doc = yaml.safe_load((ROOT / "compose.yaml").read_text())
     services: dict[str, Any] = doc["services"]
@@ -75,7 +79,7 @@ def test_compose_names_three_nodes_whose_configs_load_and_peers_agree() -> None:
     assert len(services) == 3
     configs = {}
     for name, svc in services.items():
-        env = {**_image_env(), **{k: str(v) for k, v in svc["environment"].items()}}
+        env = {**_image_env(), **{k: str(v) for k, v in svc["environment"].items()}, **_SECRETS}
         cfg = load(None, environ=env)  # a bad key or value fails here, naming it
         assert svc["hostname"] == name == cfg.raft_host
         configs[cfg.node_id] = (name, cfg)
@@ -87,5 +91,22 @@ def test_compose_names_three_nodes_whose_configs_load_and_peers_agree() -> None:
             other_name, other = configs[pid]
             assert peer.raft == other.raft_address, (name, peer)
             assert peer.http == f"http://{other_name}:{other.http_port}", (name, peer)
-    published = sorted(svc["ports"][0].split(":")[0] for svc in services.values())
-    assert published == ["8080", "8081", "8082"]
+    published = sorted(svc["ports"] for svc in services.values())
+    # HTTP only, and only on the host's loopback; Raft and catch-up stay on the compose network.
+    assert published == [["127.0.0.1:8080:8080"], ["127.0.0.1:8081:8080"], ["127.0.0.1:8082:8080"]]
+
+
+def test_compose_nodes_get_their_secrets_from_an_ignored_env_file() -> None:
+    """The image binds all interfaces, so a node there refuses to start without a cluster
+    secret and a token; compose reads both from chronomq.env, which git ignores."""
+    services = _services()
+    for name, svc in services.items():
+        env_files = [e["path"] if isinstance(e, dict) else e for e in svc["env_file"]]
+        assert env_files == ["chronomq.env"], name
+        env = {**_image_env(), **{k: str(v) for k, v in svc["environment"].items()}}
+        assert "CHRONOMQ_AUTH_TOKEN" not in env and "CHRONOMQ_CLUSTER_SECRET" not in env
+        with pytest.raises(ConfigError, match="cluster_secret"):
+            load(None, environ=env)
+        load(None, environ={**env, **_SECRETS})
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert "chronomq.env" in ignored
