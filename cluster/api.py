@@ -18,6 +18,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from cluster import reserved
 from cluster.broker import Broker
 from cluster.config import ConfigError
 from cluster.errors import ApiError, bad_request, from_exception
@@ -301,6 +302,7 @@ async def create_topic(request: web.Request) -> web.Response:
     if not isinstance(queues, int) or isinstance(queues, bool):
         raise bad_request("queues must be an integer", "queues")
     topic = request.match_info["topic"]
+    reserved.check_user_topic(topic)
     existing = broker.raftlog.store.queue_count(topic)
     if existing is not None:
         if existing != queues:

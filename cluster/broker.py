@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from cluster import reserved
 from cluster.config import NodeConfig, Peer
 from cluster.errors import ApiError, bad_request
 from raftlog import record
@@ -226,12 +227,7 @@ class Broker:
     ) -> tuple[list[NewMessage], list[dict[str, Any]], int]:
         """JSON messages -> NewMessages (delayed ones rewritten) and per-message answer extras."""
         record.validate_topic(topic)
-        if topic == SCHEDULE_TOPIC:
-            raise bad_request(
-                f"{SCHEDULE_TOPIC} is internal to the schedule service; produce to the real "
-                "topic with delay_level instead",
-                "topic",
-            )
+        reserved.check_user_topic(topic)
         if not isinstance(raw, list) or not raw:
             raise bad_request("messages must be a non-empty list", "messages")
         if len(raw) > self.config.max_messages_per_request:
@@ -267,6 +263,7 @@ class Broker:
                 isinstance(k, str) and isinstance(v, str) for k, v in props.items()
             ):
                 raise bad_request("properties must be an object of strings", f"{f}.properties")
+            reserved.check_user_properties(props, f"{f}.properties")
             props = dict(props)
             keys = m.get("keys")
             if keys is not None:

@@ -1,0 +1,69 @@
+"""What a producer may not name: system topics and the properties the services read back.
+
+The schedule service, the timer and consumer retry keep their state in message properties
+(RocketMQ's names, so tools that know RocketMQ read them) and in system topics. A producer that
+set them could steer a message into a queue that does not exist, out of the data directory, or
+to a due time in 2^62 that blocks a level for ever. So the edge refuses them, naming the
+field; the services' own writers build their records below this check and keep using them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from cluster.errors import bad_request
+from raftlog import record
+from schedule import properties as schedule_props
+from schedule.levels import SCHEDULE_TOPIC
+from timer import message as timer_message
+
+SYSTEM_TOPIC_PREFIX: Final = "rmq_sys_"
+"""RocketMQ's prefix for system topics; the timer's topic is one of them."""
+
+RESERVED_PROPERTIES: Final = frozenset(
+    {
+        schedule_props.REAL_TOPIC,
+        schedule_props.REAL_QID,
+        schedule_props.DELAY,
+        schedule_props.RETRY_TOPIC,
+        schedule_props.ORIGIN_MESSAGE_ID,
+        schedule_props.RECONSUME_TIME,
+        schedule_props.MAX_RECONSUME_TIMES,
+        record.PROPERTY_KEYS,
+        record.PROPERTY_TAGS,
+        *timer_message.RESERVED,
+    }
+)
+"""Property names set by the broker itself (``keys`` and ``tags`` have fields of their own)."""
+
+RESERVED_PROPERTY_PREFIXES: Final = ("TIMER_",)
+"""Every ``TIMER_*`` name belongs to the timer, also those it may read in a later version."""
+
+
+def is_system_topic(topic: str) -> bool:
+    return topic == SCHEDULE_TOPIC or topic.startswith(SYSTEM_TOPIC_PREFIX)
+
+
+def check_user_topic(topic: str, field: str = "topic") -> None:
+    """Refuse a system topic as the target of a produce (400 naming ``field``)."""
+    if is_system_topic(topic):
+        hint = (
+            "produce to the real topic with delay_level instead"
+            if topic == SCHEDULE_TOPIC
+            else "produce to the real topic with delay_ms or deliver_at_ms instead"
+        )
+        raise bad_request(f"{topic} is a system topic, internal to the broker; {hint}", field)
+
+
+def is_reserved_property(name: str) -> bool:
+    return name in RESERVED_PROPERTIES or name.startswith(RESERVED_PROPERTY_PREFIXES)
+
+
+def check_user_properties(properties: Mapping[str, str], field: str) -> None:
+    """Refuse a property name the broker reserves (400 naming ``<field>.<NAME>``)."""
+    for name in properties:
+        if is_reserved_property(name):
+            raise bad_request(
+                f"property {name} is reserved: the broker sets it itself", f"{field}.{name}"
+            )

@@ -1,0 +1,103 @@
+"""Hostile input at the edge: system topics and reserved property names are refused with a
+400 naming the field, and the cluster keeps serving afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import pytest
+
+from cluster.client import Client
+from tests.integration.conftest import wait_for
+
+pytestmark = pytest.mark.integration
+
+# Each: topic, message, the field the 400 names. The first is the probe that once made two
+# nodes exit and replay the crash on every restart.
+PROBES: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "rmq_sys_wheel_timer",
+        {
+            "body": "x",
+            "queue": 0,
+            "properties": {"TIMER_OUT_MS": "1", "REAL_TOPIC": "nosuch", "REAL_QID": "5000"},
+        },
+        "topic",
+    ),
+    ("SCHEDULE_TOPIC_XXXX", {"body": "x", "tags": "9" * 19}, "topic"),
+    ("rmq_sys_anything", {"body": "x"}, "topic"),
+    (
+        "orders",
+        {"body": "x", "properties": {"REAL_QID": "\u00b2"}},
+        "messages[0].properties.REAL_QID",
+    ),
+    (
+        "orders",
+        {"body": "x", "properties": {"a": "b", "REAL_TOPIC": "/tmp/x"}},
+        "messages[0].properties.REAL_TOPIC",
+    ),
+    ("orders", {"body": "x", "properties": {"DELAY": "3"}}, "messages[0].properties.DELAY"),
+    (
+        "orders",
+        {"body": "x", "delay_ms": 1000, "properties": {"TIMER_OUT_MS": "1"}},
+        "messages[0].properties.TIMER_OUT_MS",
+    ),
+    (
+        "orders",
+        {"body": "x", "properties": {"TIMER_FUTURE_NAME": "1"}},
+        "messages[0].properties.TIMER_FUTURE_NAME",
+    ),
+    (
+        "orders",
+        {"body": "x", "properties": {"ORIGIN_MESSAGE_ID": "A" * 32}},
+        "messages[0].properties.ORIGIN_MESSAGE_ID",
+    ),
+    (
+        "orders",
+        {"body": "x", "properties": {"RETRY_TOPIC": "x", "RECONSUME_TIME": "99"}},
+        "messages[0].properties.RETRY_TOPIC",
+    ),
+    ("orders", {"body": "x", "properties": {"KEYS": "k"}}, "messages[0].properties.KEYS"),
+]
+
+
+def test_reserved_topics_and_properties_are_refused_and_the_cluster_keeps_serving(
+    make_cluster: Any,
+) -> None:
+    cluster = make_cluster(3)
+    leader = cluster.wait_leader(60)
+    follower = next(i for i in range(3) if i != leader)
+
+    async def go() -> None:
+        async with aiohttp.ClientSession() as s:
+            for node in (leader, follower):
+                for topic, message, field in PROBES:
+                    async with s.post(
+                        f"{cluster.http_url(node)}/v1/topics/{topic}/messages",
+                        json={"messages": [message]},
+                    ) as r:
+                        body = await r.json()
+                        assert r.status == 400, (topic, message, body)
+                        assert body["field"] == field and body["error"], body
+                async with s.put(
+                    f"{cluster.http_url(node)}/v1/topics/rmq_sys_wheel_timer", json={"queues": 9}
+                ) as r:
+                    assert r.status == 400 and (await r.json())["field"] == "topic"
+        # Every node still answers, and a produce and a consume work.
+        async with Client(cluster.urls) as client:
+            for i in range(3):
+                view = await client.cluster(url=cluster.http_url(i))
+                assert view["leader"] is not None
+            placed = await client.send("orders", "still here", queue=0)
+
+            async def consumed() -> bool:
+                page = await client.pull("orders", 0, placed["offset"], 1)
+                return [m["body"] for m in page["messages"]] == ["still here"]
+
+            await wait_for(consumed, 10, "the message after the probes")
+        assert all(cluster.alive(i) for i in range(3))
+        cluster.wait_converged(30)
+
+    asyncio.run(go())
