@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from cluster import reserved
 from cluster.broker import Broker
-from cluster.config import ConfigError
+from cluster.config import ConfigError, host_port_problem, http_url_problem
 from cluster.errors import ApiError, bad_request, from_exception
 
 log = logging.getLogger(__name__)
@@ -450,18 +450,24 @@ async def add_member(request: web.Request) -> web.Response:
     body = await read_json(request)
     if not isinstance(body, dict):
         raise bad_request("the body must be an object with id, raft and http", "body")
+    unknown = sorted(set(body) - {"id", "raft", "http", "fetch"})
+    if unknown:
+        raise bad_request(f"unknown field {unknown[0]!r}", unknown[0])
     pid, raft, http = body.get("id"), body.get("raft"), body.get("http")
     if not isinstance(pid, int) or isinstance(pid, bool) or not 0 <= pid <= 1023:
         raise bad_request("id must be an integer 0..1023", "id")
-    if not isinstance(raft, str) or ":" not in raft or not raft.rpartition(":")[2].isdigit():
-        raise bad_request("raft must be host:port", "raft")
-    if not isinstance(http, str) or not http.startswith(("http://", "https://")):
-        raise bad_request("http must be a URL", "http")
-    host, _, port = raft.rpartition(":")
+    problem = host_port_problem(raft)
+    if problem:
+        raise bad_request(f"raft {problem}", "raft")
+    problem = http_url_problem(http)
+    if problem:
+        raise bad_request(f"http {problem}", "http")
+    host, _, port = str(raft).rpartition(":")
     fetch = body.get("fetch") or f"{host}:{int(port) + 1000}"
-    if not isinstance(fetch, str) or ":" not in fetch:
-        raise bad_request("fetch must be host:port", "fetch")
-    await request.app[BROKER].add_member(Peer(pid, raft, http.rstrip("/"), fetch))
+    problem = host_port_problem(fetch)
+    if problem:
+        raise bad_request(f"fetch {problem}", "fetch")
+    await request.app[BROKER].add_member(Peer(pid, str(raft), str(http).rstrip("/"), fetch))
     return json_response({"status": "added", "id": pid}, status=201)
 
 

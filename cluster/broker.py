@@ -68,6 +68,15 @@ def message_json(m: record.Message) -> dict[str, Any]:
     return out
 
 
+def _member(pid: int, value: str) -> Peer:
+    """A member from its replicated entry ``"<raft> <http> <fetch>"``. Total: entries written
+    before URLs were validated may hold spaces in the URL, and must still list (and remove)."""
+    parts = value.split(" ")
+    if len(parts) < 3:
+        parts += [""] * (3 - len(parts))
+    return Peer(pid, parts[0], " ".join(parts[1:-1]), parts[-1])
+
+
 def _id_or(node_id: int | None, address: str | None) -> int | str | None:
     return address if node_id is None else node_id
 
@@ -186,12 +195,14 @@ class Broker:
         for key, value in list(self.raftlog.store.kv.items()):
             if not key.startswith(MEMBER_PREFIX):
                 continue
-            pid = int(key[len(MEMBER_PREFIX) :])
+            try:
+                pid = int(key[len(MEMBER_PREFIX) :])
+            except ValueError:
+                continue
             if value == REMOVED:
                 peers.pop(pid, None)
             elif pid != self.config.node_id and isinstance(value, str):
-                raft, http, fetch = value.split(" ")
-                peers[pid] = Peer(pid, raft, http, fetch)
+                peers[pid] = _member(pid, value)
         return sorted(peers.values(), key=lambda p: p.id)
 
     def peer_http(self, raft_address: str | None) -> str | None:
@@ -575,8 +586,21 @@ class Broker:
     # ------------------------------------------------------------------ membership
 
     async def add_member(self, peer: Peer) -> None:
-        if peer.id == self.config.node_id or any(p.id == peer.id for p in self.peers()):
-            raise ApiError(409, "member_exists", f"node {peer.id} is already a member", "id")
+        me = Peer(
+            int(self.config.node_id),
+            self.config.raft_address,
+            self.config.http_url,
+            self.config.fetch_address,
+        )
+        for member in [me, *self.peers()]:
+            for field in ("id", "raft", "http", "fetch"):
+                if getattr(member, field) == getattr(peer, field):
+                    raise ApiError(
+                        409,
+                        "member_exists",
+                        f"node {member.id} already has {field} {getattr(peer, field)}",
+                        field,
+                    )
         await asyncio.wait_for(
             asyncio.wrap_future(self.raftlog.change_membership("add", peer.raft)), 30
         )

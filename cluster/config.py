@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import tomllib
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -513,12 +514,17 @@ class NodeConfig:
             if pid in seen:
                 raise ConfigError("peers", f"id {pid} appears twice (or equals node_id)")
             seen.add(pid)
+            problem = host_port_problem(raft)
+            if problem:
+                raise ConfigError("peers", f"entry {i}: raft {problem}")
             host, _, port = raft.rpartition(":")
-            if not host or not port.isdigit():
-                raise ConfigError("peers", f"entry {i}: raft must be host:port, got {raft!r}")
             fetch = str(p.get("fetch") or f"{host}:{int(port) + 1000}")
-            if not http.startswith(("http://", "https://")):
-                raise ConfigError("peers", f"entry {i}: http must be a URL, got {http!r}")
+            problem = host_port_problem(fetch)
+            if problem:
+                raise ConfigError("peers", f"entry {i}: fetch {problem}")
+            problem = http_url_problem(http)
+            if problem:
+                raise ConfigError("peers", f"entry {i}: http {problem}")
             out.append(Peer(pid, raft, http, fetch))
         return tuple(out)
 
@@ -653,6 +659,38 @@ def load(
     for name in SECRET_FILE_KEYS:
         _read_secret_file(values, name)
     return NodeConfig(values)
+
+
+def host_port_problem(value: object) -> str | None:
+    """Why ``value`` is not ``host:port`` (a port 1..65535, a host without spaces), or None."""
+    if not isinstance(value, str):
+        return "must be a string host:port"
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"must be host:port with a port 1..65535, got {value!r}"
+    if any(c.isspace() or ord(c) < 32 for c in host) or "/" in host or "@" in host:
+        return f"the host may not contain spaces, control characters, / or @, got {host!r}"
+    return None
+
+
+def http_url_problem(value: object) -> str | None:
+    """Why ``value`` is not an ``http(s)://host[:port]`` URL, or None."""
+    if not isinstance(value, str):
+        return "must be a string URL"
+    if any(c.isspace() or ord(c) < 32 for c in value):
+        return f"must be a URL without spaces or control characters, got {value!r}"
+    try:
+        url = urllib.parse.urlsplit(value)
+        port = url.port
+    except ValueError as exc:
+        return f"must be a URL ({exc}), got {value!r}"
+    if url.scheme not in ("http", "https") or not url.hostname:
+        return f"must be an http:// or https:// URL with a host, got {value!r}"
+    if url.username or url.password or url.query or url.fragment or url.path not in ("", "/"):
+        return f"must be scheme://host[:port] only, got {value!r}"
+    if port == 0:
+        return f"must have a port 1..65535, got {value!r}"
+    return None
 
 
 def is_loopback_host(host: str) -> bool:

@@ -101,3 +101,47 @@ def test_reserved_topics_and_properties_are_refused_and_the_cluster_keeps_servin
         cluster.wait_converged(30)
 
     asyncio.run(go())
+
+
+MEMBER_PROBES: list[tuple[dict[str, Any], str]] = [
+    ({"id": 5, "raft": "127.0.0.1:19185", "http": "http://a b"}, "http"),
+    ({"id": 5, "raft": "127.0.0.1:19185", "http": "ftp://x"}, "http"),
+    ({"id": 5, "raft": "127.0.0.1:19185", "http": "http://u:p@x:1"}, "http"),
+    ({"id": 5, "raft": "127.0.0.1:19185", "http": "http://x:99999"}, "http"),
+    ({"id": 5, "raft": "a b:1", "http": "http://x:1"}, "raft"),
+    ({"id": 5, "raft": "127.0.0.1:0", "http": "http://x:1"}, "raft"),
+    ({"id": 5, "raft": "x:1", "http": "http://x:1", "fetch": "nope"}, "fetch"),
+    ({"id": 5, "raft": "x:1", "http": "http://x:1", "extra": 1}, "extra"),
+    ({"id": True, "raft": "x:1", "http": "http://x:1"}, "id"),
+]
+
+
+def test_members_are_validated_and_never_alias_another(make_cluster: Any) -> None:
+    cluster = make_cluster(3)
+    leader = cluster.wait_leader(60)
+
+    async def go() -> None:
+        async with aiohttp.ClientSession() as s:
+            url = f"{cluster.http_url(leader)}/v1/admin/members"
+            for body, field in MEMBER_PROBES:
+                async with s.post(url, json=body) as r:
+                    answer = await r.json()
+                    assert r.status == 400 and answer["field"] == field, (body, answer)
+            # Node 1's own addresses under another id: refused, naming what clashes.
+            one_raft = f"127.0.0.1:{cluster.raft_port + 1}"
+            one_http = cluster.http_url(1)
+            for body, field in [
+                ({"id": 1, "raft": "127.0.0.1:1", "http": "http://127.0.0.1:1"}, "id"),
+                ({"id": 5, "raft": one_raft, "http": "http://127.0.0.1:1"}, "raft"),
+                ({"id": 5, "raft": "127.0.0.1:1", "http": one_http}, "http"),
+            ]:
+                async with s.post(url, json=body) as r:
+                    answer = await r.json()
+                    assert r.status == 409 and answer["field"] == field, (body, answer)
+            for i in range(3):
+                async with s.get(f"{cluster.http_url(i)}/v1/admin/cluster") as r:
+                    assert r.status == 200
+                    view = await r.json()
+                    assert sorted(n["id"] for n in view["nodes"]) == [0, 1, 2]
+
+    asyncio.run(go())
