@@ -15,13 +15,16 @@ from cluster.config import ConfigError, NodeConfig
 
 def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     """The context a node serves HTTPS with; a file that cannot be used names its key."""
+    for key, path in (("tls_cert_file", cert_file), ("tls_key_file", key_file)):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise ConfigError(key, f"cannot read {path}: {exc.strerror or exc}") from None
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
         ctx.load_cert_chain(cert_file, key_file)
-    except FileNotFoundError as exc:
-        key = "tls_key_file" if exc.filename == key_file else "tls_cert_file"
-        raise ConfigError(key, f"cannot read {exc.filename}: {exc.strerror}") from None
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(
             "tls_cert_file", f"{cert_file} with {key_file} is not a usable certificate: {exc}"
