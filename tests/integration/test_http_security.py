@@ -26,6 +26,7 @@ import pytest
 from cluster.client import Client
 from cluster.launcher import LocalCluster
 from cluster.tls import client_context
+from tests.integration.conftest import wait_for
 from tests.selfsigned import self_signed
 
 pytestmark = pytest.mark.integration
@@ -183,3 +184,47 @@ def test_a_tls_cluster_forwards_over_https_and_refuses_plain_http(
     )
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["leader"] == leader
+
+
+def test_a_member_added_at_runtime_is_reached_with_the_token(make_joinable_cluster: Any) -> None:
+    """Node 3 joins through POST /v1/admin/members: the others gather its status with their
+    token (it is a member now), and it completes its TimerLog from its peers over HTTP with
+    its own."""
+    cluster: LocalCluster = make_joinable_cluster(
+        4, initial=3, auth_token=TOKEN, log_compaction_min_entries=50
+    )
+    leader = cluster.wait_leader(60)
+    new = 3
+
+    async def go() -> None:
+        async with Client(cluster.urls[:3], token=TOKEN, deadline_s=60) as client:
+            for k in range(60):
+                await client.produce("late", [{"body": f"t{k}", "delay_ms": 3_600_000}] * 10)
+            await client.request(
+                "POST",
+                "/v1/admin/members",
+                json_body={
+                    "id": new,
+                    "raft": f"127.0.0.1:{cluster.raft_port + new}",
+                    "http": cluster.http_url(new),
+                },
+                url=cluster.http_url(leader),
+            )
+            await asyncio.to_thread(cluster.start, new)
+            await asyncio.to_thread(cluster.wait_converged, 90, [0, 1, 2, new])
+            for i in range(4):
+                view = await client.cluster(url=cluster.http_url(i))
+                assert [n["reachable"] for n in view["nodes"]] == [True] * 4, (i, view)
+
+            async def backlog_everywhere() -> bool:
+                totals = [
+                    (await client.timer_status(url))["backlog"]["total"] for url in cluster.urls
+                ]
+                return totals == [600] * 4
+
+            await wait_for(backlog_everywhere, 30, "the timer backlog on every node", cluster)
+
+    asyncio.run(go())
+    log = (cluster.node_dir(new) / "node.log").read_text()
+    assert "TimerLog fetch from" not in log, log
+    assert re.search(r"fetched_records=[1-9]", log), log
