@@ -112,9 +112,7 @@ class Client:
                 self._leader if write and self._leader else self.urls[attempt % len(self.urls)]
             )
             try:
-                async with self._session.request(
-                    method, base + path, data=data, headers=hdrs, allow_redirects=False
-                ) as r:
+                async with self._session.request(method, base + path, data=data, headers=hdrs) as r:
                     raw = await r.read()
                     body = orjson.loads(raw) if raw else None
                     leader = r.headers.get("X-Chronomq-Leader")
