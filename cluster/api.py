@@ -1,8 +1,10 @@
 """The HTTP API: routes, thin handlers and middlewares (errors, auth, metrics).
 
-Every node serves every route. Writes that reach a follower are forwarded to the leader; if the
-leader is unknown the answer is 503 with ``Retry-After``. Errors are always
-``{"error", "message", "field"}`` JSON; a stack trace never reaches a client.
+Every node serves every route. Writes that reach a follower are forwarded to the leader (through
+:class:`cluster.peerhttp.PeerHttp`, which carries the node's own token); if the leader is unknown
+the answer is 503 with ``Retry-After``. Errors are always ``{"error", "message", "field"}``
+JSON; a stack trace never reaches a client. With ``auth_token`` set every route but the probes
+needs the bearer token (:mod:`cluster.auth`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from cluster import reserved
+from cluster.auth import auth_middleware
 from cluster.broker import Broker
 from cluster.config import ConfigError, host_port_problem, http_url_problem
 from cluster.errors import ApiError, bad_request, from_exception
@@ -29,7 +32,7 @@ BROKER: web.AppKey[Broker] = web.AppKey("broker", Broker)
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", object)  # type: ignore[arg-type]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_FORWARD_HEADERS = ("Idempotency-Key", "Content-Type", "Authorization")
+_FORWARD_HEADERS = ("Idempotency-Key", "Content-Type")
 
 
 class Metrics:
@@ -145,19 +148,6 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
         metrics.latency.labels(route).observe(time.perf_counter() - t0)
 
 
-def _auth_middleware(token: str) -> Any:
-    @web.middleware
-    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        protected = request.method not in ("GET", "HEAD") or request.path.startswith(
-            "/v1/admin/config"
-        )
-        if token and protected and request.headers.get("Authorization") != f"Bearer {token}":
-            raise ApiError(401, "unauthorized", "a valid bearer token is required", "Authorization")
-        return await handler(request)
-
-    return auth
-
-
 # ---------------------------------------------------------------------- helpers
 
 
@@ -218,12 +208,11 @@ async def forward_to_leader(request: web.Request) -> web.Response | None:
         raise ApiError(
             503, "no_leader", "no leader is known yet; retry shortly", None, {"Retry-After": "1"}
         )
-    assert broker.session is not None
     headers = {h: request.headers[h] for h in _FORWARD_HEADERS if h in request.headers}
     headers["X-Chronomq-Forwarded"] = broker.config.http_url
     body = await request.read()
     try:
-        async with broker.session.request(
+        async with broker.peer_client.request(
             request.method,
             f"{leader}{request.rel_url}",
             data=body,
@@ -494,7 +483,7 @@ async def readyz(request: web.Request) -> web.Response:
 async def openapi(request: web.Request) -> web.Response:
     from cluster.openapi import spec
 
-    return json_response(spec())
+    return json_response(spec(request.app[BROKER].config.metrics_public))
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -538,7 +527,7 @@ def create_app(broker: Broker) -> web.Application:
         middlewares=[
             metrics_middleware,
             error_middleware,
-            _auth_middleware(broker.config.auth_token),
+            auth_middleware(broker.config.auth_token, metrics_public=broker.config.metrics_public),
         ],
     )
     app[BROKER] = broker

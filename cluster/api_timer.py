@@ -171,9 +171,9 @@ async def _push_switches(app: web.Application, changes: dict[str, bool]) -> None
                 await broker.timer.set_switches(**changes)
                 return
             leader = broker.leader_url()
-            if leader is not None and leader != broker.config.http_url and broker.session:
-                async with broker.session.post(
-                    f"{leader}/v1/admin/timer/switches", json=changes
+            if leader is not None and leader != broker.config.http_url:
+                async with broker.peer_client.request(
+                    "POST", f"{leader}/v1/admin/timer/switches", json=changes
                 ) as r:
                     if r.status == 200:
                         return

@@ -24,6 +24,7 @@ import aiohttp
 from cluster import reserved
 from cluster.config import NodeConfig, Peer
 from cluster.errors import ApiError, bad_request
+from cluster.peerhttp import PeerHttp
 from raftlog import record
 from raftlog.node import NewMessage, RaftLog
 from raftlog.store import ApplyResult, BatchOutcome
@@ -88,7 +89,9 @@ class Broker:
         self.levels = DelayLevelTable.parse(config.message_delay_level)
         self.started_monotonic = time.monotonic()
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.session: aiohttp.ClientSession | None = None
+        # Every request to another node goes through here: it attaches the token only for
+        # members' URLs.
+        self.peer_client = PeerHttp.for_node(config, lambda: [p.http for p in self.peers()])
         self._applied = asyncio.Event()
         self._waiters = 0
         self._rr: dict[str, itertools.count[int]] = {}
@@ -109,13 +112,7 @@ class Broker:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._applied = asyncio.Event()
-        self.session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=1.0),
-            headers={"Authorization": f"Bearer {self.config.auth_token}"}
-            if self.config.auth_token
-            else None,
-        )
-
+        await self.peer_client.start()
         self._monitor = asyncio.create_task(self._watch_leader())
 
     async def stop(self) -> None:
@@ -123,8 +120,7 @@ class Broker:
             self._monitor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._monitor
-        if self.session is not None:
-            await self.session.close()
+        await self.peer_client.close()
 
     async def _watch_leader(self) -> None:
         """Note when this node loses sight of the leader and how long until it knows a new one."""
@@ -654,10 +650,9 @@ class Broker:
         }
 
     async def peer_status(self, url: str) -> dict[str, Any] | None:
-        assert self.session is not None
         try:
-            async with self.session.get(
-                f"{url}/v1/admin/node", timeout=aiohttp.ClientTimeout(total=1.0)
+            async with self.peer_client.request(
+                "GET", f"{url}/v1/admin/node", timeout=aiohttp.ClientTimeout(total=1.0)
             ) as r:
                 if r.status == 200:
                     data: dict[str, Any] = await r.json()

@@ -48,12 +48,20 @@ def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
 
 
 def add_client_arguments(p: argparse.ArgumentParser) -> None:
-    """``--url`` and ``--json``, for every command that talks to a running cluster."""
+    """``--url``, ``--ca-file`` and ``--json``, for every command that talks to a running cluster."""
     p.add_argument(
         "--url",
         default=os.environ.get("CHRONOMQ_URL", "http://127.0.0.1:8080"),
         help="one or more node URLs, comma-separated; the next is tried when one does not "
         "answer (default $CHRONOMQ_URL or http://127.0.0.1:8080)",
+    )
+    p.add_argument(
+        "--ca-file",
+        dest="ca_file",
+        default=os.environ.get("CHRONOMQ_TLS_CA_FILE") or None,
+        metavar="PEM",
+        help="certificates to check https node URLs against instead of the system's "
+        "(default $CHRONOMQ_TLS_CA_FILE). The bearer token comes from $CHRONOMQ_AUTH_TOKEN",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -137,15 +145,19 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------- client commands
 
 
+def client_token() -> str | None:
+    """The bearer token client commands send: ``$CHRONOMQ_AUTH_TOKEN`` (never an argument,
+    where `ps` would show it)."""
+    return os.environ.get("CHRONOMQ_AUTH_TOKEN") or None
+
+
 def _client_call(args: argparse.Namespace, fn: Any) -> Any:
     import asyncio
 
     from cluster.client import Client
 
     async def go() -> Any:
-        async with Client(
-            args.url.split(","), token=os.environ.get("CHRONOMQ_AUTH_TOKEN") or None
-        ) as c:
+        async with Client(args.url.split(","), token=client_token(), ca_file=args.ca_file) as c:
             return await fn(c)
 
     return asyncio.run(go())

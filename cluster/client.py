@@ -50,21 +50,33 @@ class Client:
         urls: Sequence[str],
         *,
         token: str | None = None,
+        ca_file: str | None = None,
         deadline_s: float = 30.0,
         request_timeout_s: float = 15.0,
     ) -> None:
+        """``token``: the cluster's auth_token, sent as ``Authorization: Bearer``.
+        ``ca_file``: PEM certificates that https node URLs are checked against instead of the
+        system's store (e.g. the cluster's self-signed certificate)."""
         if not urls:
             raise ValueError("at least one node URL is needed")
         self.urls = [u.rstrip("/") for u in urls]
         self._leader: str | None = None
         self._token = token
+        self._ca_file = ca_file
         self.deadline_s = deadline_s
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Client:
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
-        self._session = aiohttp.ClientSession(headers=headers, timeout=self._timeout)
+        connector = None
+        if self._ca_file:
+            from cluster.tls import client_context
+
+            connector = aiohttp.TCPConnector(ssl=client_context(self._ca_file))
+        self._session = aiohttp.ClientSession(
+            headers=headers, timeout=self._timeout, connector=connector
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -8,10 +8,12 @@ catch-up channel on ``raft_port+i+1000``; its files live in ``data_dir/node-i``,
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -38,10 +40,15 @@ SECRET_FILE = "cluster.secret"
 TOKEN_FILE = "auth.token"
 
 
-def http_get_json(url: str, timeout_s: float = 1.0, token: str | None = None) -> Any:
+def http_get_json(
+    url: str,
+    timeout_s: float = 1.0,
+    token: str | None = None,
+    context: ssl.SSLContext | None = None,
+) -> Any:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     req = urllib.request.Request(url, headers=headers)
-    with urllib.request.urlopen(req, timeout=timeout_s) as r:  # noqa: S310 - URLs we built
+    with urllib.request.urlopen(req, timeout=timeout_s, context=context) as r:  # noqa: S310 - URLs we built
         return json.loads(r.read())
 
 
@@ -135,10 +142,22 @@ class LocalCluster:
             return Path(path).read_text().strip() or None
         return None
 
+    @property
+    def ca_file(self) -> str | None:
+        """What a client of these nodes checks their HTTPS against (None: plain HTTP)."""
+        return self._given("tls_ca_file") or self._given("tls_cert_file")
+
+    @functools.cached_property
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        from cluster.tls import client_context
+
+        return client_context(self.ca_file) if self.ca_file else None
+
     # ------------------------------------------------------------------ layout
 
     def http_url(self, i: int) -> str:
-        return f"http://{self.hosts[i]}:{self.http_port + i}"
+        scheme = "https" if self._given("tls_cert_file") else "http"
+        return f"{scheme}://{self.hosts[i]}:{self.http_port + i}"
 
     @property
     def urls(self) -> list[str]:
@@ -263,7 +282,7 @@ class LocalCluster:
     def node_status(self, i: int, timeout_s: float = 1.0) -> dict[str, Any] | None:
         try:
             data: dict[str, Any] = http_get_json(
-                f"{self.http_url(i)}/v1/admin/node", timeout_s, self.auth_token
+                f"{self.http_url(i)}/v1/admin/node", timeout_s, self.auth_token, self._ssl_context
             )
             return data
         except (OSError, urllib.error.URLError, ValueError):

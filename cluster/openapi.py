@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from cluster import api_schedule, api_timer
+from cluster.auth import METRICS_ROUTE, open_routes
 from cluster.broker import VERSION
 
 _ERROR = {
@@ -256,7 +257,20 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
 ROUTES = {**_CORE, **api_schedule.ROUTES, **api_timer.ROUTES}
 
 
-def spec() -> dict[str, Any]:
+BEARER = "bearerAuth"
+_SECURITY_SCHEMES = {
+    BEARER: {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "The node's auth_token, when set: every route needs it but the probes "
+        "(/healthz, /readyz) and, with metrics_public, /metrics.",
+    }
+}
+
+
+def spec(metrics_public: bool = False) -> dict[str, Any]:
+    """The description; ``metrics_public`` as the node serving it is configured."""
+    exempt = set(open_routes(metrics_public))
     paths: dict[str, Any] = {}
     for (method, path), (summary, request, response, query) in ROUTES.items():
         op: dict[str, Any] = {
@@ -287,6 +301,16 @@ def spec() -> dict[str, Any]:
                 },
             },
         }
+        if (method, path) in exempt:
+            op["security"] = []
+        else:
+            op["responses"]["401"] = {
+                "description": "no valid bearer token (with auth_token set); "
+                "WWW-Authenticate: Bearer",
+                "content": {"application/json": {"schema": _ERROR}},
+            }
+            if (method, path) == METRICS_ROUTE:
+                op["description"] = "Open when metrics_public is true."
         if request is not None:
             op["requestBody"] = {
                 "required": True,
@@ -300,5 +324,7 @@ def spec() -> dict[str, Any]:
             "version": VERSION,
             "description": "Delayed and scheduled messages on a Raft-replicated log.",
         },
+        "components": {"securitySchemes": _SECURITY_SCHEMES},
+        "security": [{BEARER: []}],
         "paths": paths,
     }

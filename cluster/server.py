@@ -10,12 +10,13 @@ import asyncio
 import logging
 import os
 import signal
+import ssl
 import sys
 
 import orjson
 from aiohttp import web
 
-from cluster import logs, malloc
+from cluster import logs, malloc, tls
 from cluster.api import CONFIG_HOOKS, METRICS, create_app
 from cluster.broker import Broker
 from cluster.config import ConfigError, NodeConfig, load
@@ -28,7 +29,8 @@ from raftlog.node import RaftLog
 log = logging.getLogger("chronomq.node")
 
 
-async def serve(config: NodeConfig) -> int:
+async def serve(config: NodeConfig, ssl_context: ssl.SSLContext | None = None) -> int:
+    """Run the node; with ``ssl_context`` the HTTP API speaks HTTPS only."""
     skew_file = os.environ.get("CHRONOMQ_CLOCK_SKEW_FILE")
     clock = SkewedClock(skew_file) if skew_file else None
     if skew_file:
@@ -45,7 +47,9 @@ async def serve(config: NodeConfig) -> int:
     install_log_metrics(app[METRICS].registry, node_logs)
     runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=5.0)
     await runner.setup()
-    site = web.TCPSite(runner, config.http_host, config.http_port, reuse_address=True)
+    site = web.TCPSite(
+        runner, config.http_host, config.http_port, reuse_address=True, ssl_context=ssl_context
+    )
     try:
         await site.start()
     except OSError as exc:
@@ -77,6 +81,12 @@ async def serve(config: NodeConfig) -> int:
 def run(config_path: str | None, overrides: dict[str, str] | None = None) -> int:
     try:
         config = load(config_path, overrides=overrides)
+        ssl_context = (
+            tls.server_context(config.tls_cert_file, config.tls_key_file)
+            if config.tls_cert_file
+            else None
+        )
+        tls.peer_context(config)  # a bad tls_ca_file stops the node here, naming the key
     except ConfigError as exc:
         print(f"chronomq node: bad configuration: {exc}", file=sys.stderr)
         return 2
@@ -85,6 +95,6 @@ def run(config_path: str | None, overrides: dict[str, str] | None = None) -> int
     if malloc.fix_mmap_threshold():
         log.debug("glibc mmap threshold fixed at %d bytes", malloc.MMAP_THRESHOLD_BYTES)
     try:
-        return asyncio.run(serve(config))
+        return asyncio.run(serve(config, ssl_context))
     except KeyboardInterrupt:
         return 0

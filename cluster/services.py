@@ -93,6 +93,7 @@ def _timer(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | No
         default_topic_queues=config.default_topic_queues,
         auto_create_topics=config.auto_create_topic,
         peer_urls=peer_urls,
+        open_url=broker.peer_client.urlopen,
         on_delivered=observer,
         commit_timeout_ms=config.commit_timeout_ms,
     )

@@ -91,13 +91,13 @@ async def _steady_inprocess(
 
 
 async def _produce_http(
-    urls: list[str], total: int, producers: int, batch: int, body: str, topic: str
+    cluster: LocalCluster, total: int, producers: int, batch: int, body: str, topic: str
 ) -> tuple[float, list[float]]:
     from cluster.client import Client
 
     lat: list[float] = []
     sent = 0
-    async with Client(urls) as client:
+    async with Client(cluster.urls, token=cluster.auth_token, ca_file=cluster.ca_file) as client:
         await client.produce(topic, [{"body": body}])  # find the leader, create the topic
 
         async def producer() -> None:
@@ -145,9 +145,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             cluster.wait_leader(60)
             _progress(f"cluster of {args.nodes} up; producing {args.messages} messages over HTTP")
             elapsed, lat = asyncio.run(
-                _produce_http(
-                    cluster.urls, args.messages, args.producers, args.batch, body, "bench"
-                )
+                _produce_http(cluster, args.messages, args.producers, args.batch, body, "bench")
             )
         else:
             from cluster.config import load

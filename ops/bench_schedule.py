@@ -172,7 +172,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
     async def go() -> None:
-        async with Client(cluster.urls, deadline_s=60) as client:
+        async with Client(
+            cluster.urls, token=cluster.auth_token, ca_file=cluster.ca_file, deadline_s=60
+        ) as client:
             for mode in ("sync", "async"):
                 result[mode] = await _drain_phase(
                     cluster, client, mode, args.levels, args.messages_per_level, body

@@ -137,7 +137,9 @@ async def _precision(
 
     rng = random.Random(1)
     follower = next((i for i in range(cluster.n) if i != leader), leader)
-    async with Client(cluster.urls, deadline_s=60) as client:
+    async with Client(
+        cluster.urls, token=cluster.auth_token, ca_file=cluster.ca_file, deadline_s=60
+    ) as client:
         await client.produce(TOPIC, [{"body": "warm-up"}])  # creates the topic
         queues = await _queues(client)
         consumer = Consumer(client, cluster.http_url(follower), queues)
@@ -226,7 +228,9 @@ async def _burst(cluster: LocalCluster, leader: int, n: int, producers: int) -> 
     from cluster.client import Client
 
     url = cluster.http_url(leader)
-    async with Client([url], deadline_s=120) as client:
+    async with Client(
+        [url], token=cluster.auth_token, ca_file=cluster.ca_file, deadline_s=120
+    ) as client:
         before = await _delivered_count(client, url)
         await client.timer_switches(stop_dequeue=True)
         due_ms = _now_ms() + 1_000

@@ -104,6 +104,7 @@ class TimerService:
         default_topic_queues: int = 4,
         auto_create_topics: bool = True,
         peer_urls: Callable[[], list[str]] = list,
+        open_url: Callable[[str, float], Any] | None = None,
         on_delivered: OnDelivered | None = None,
         commit_timeout_ms: int = 10_000,
         max_inflight: int = 4,
@@ -114,6 +115,10 @@ class TimerService:
         self.default_topic_queues = default_topic_queues
         self.auto_create_topics = auto_create_topics
         self.peer_urls = peer_urls
+        # How a peer's URL is opened (blocking): the node passes one that authenticates.
+        self.open_url: Callable[[str, float], Any] = open_url or (
+            lambda url, timeout_s: urllib.request.urlopen(url, timeout=timeout_s)  # noqa: S310
+        )
         self.on_delivered = on_delivered
         self.commit_timeout_s = commit_timeout_ms / 1000
         self.max_inflight = max_inflight
@@ -550,7 +555,7 @@ class TimerService:
             for url in self.peer_urls():
                 query = f"{url}/v1/admin/timer/log?from={pos}&to={end}"
                 try:
-                    with urllib.request.urlopen(query, timeout=10) as r:  # noqa: S310 - peer URLs from config
+                    with self.open_url(query, 10) as r:
                         data = r.read()
                         nxt = int(r.headers["X-Timer-Next"])
                 except (OSError, ValueError, KeyError, TypeError, urllib.error.URLError) as exc:

@@ -105,7 +105,11 @@ async def _drill(
     result: dict[str, Any] = {}
     try:
         async with Client(
-            cluster.urls, token=cluster.auth_token, deadline_s=10, request_timeout_s=2.5
+            cluster.urls,
+            token=cluster.auth_token,
+            ca_file=cluster.ca_file,
+            deadline_s=10,
+            request_timeout_s=2.5,
         ) as client:
             await asyncio.to_thread(cluster.wait_leader, 60)
             kinds = ["plain", "level", "timer"]

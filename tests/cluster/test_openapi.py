@@ -32,3 +32,27 @@ def test_spec_is_openapi_with_errors_on_every_operation() -> None:
     assert len(ops) == len(ROUTES)
     for op in ops:
         assert "4XX" in op["responses"] and op["summary"]
+
+
+def test_spec_documents_the_bearer_token_and_the_open_routes() -> None:
+    for metrics_public in (False, True):
+        doc = spec(metrics_public)
+        assert doc["components"]["securitySchemes"]["bearerAuth"] == {
+            "type": "http",
+            "scheme": "bearer",
+            "description": doc["components"]["securitySchemes"]["bearerAuth"]["description"],
+        }
+        assert doc["security"] == [{"bearerAuth": []}]
+        open_ops = {
+            (method.upper(), path)
+            for path, item in doc["paths"].items()
+            for method, op in item.items()
+            if op.get("security") == []
+        }
+        expected = {("GET", "/healthz"), ("GET", "/readyz")}
+        if metrics_public:
+            expected.add(("GET", "/metrics"))
+        assert open_ops == expected
+        for path, item in doc["paths"].items():
+            for method, op in item.items():
+                assert ("401" in op["responses"]) == ((method.upper(), path) not in expected)
