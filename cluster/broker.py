@@ -407,7 +407,9 @@ class Broker:
 
     async def produce(self, topic: str, raw: Any, idempotency_key: str | None) -> dict[str, Any]:
         messages, extras, store_ms = self.parse_messages(topic, raw)
-        key = f"http:{idempotency_key}" if idempotency_key else None
+        # A client's key is scoped to the topic: the same key sent to another topic is another
+        # request, not a replay of the first one's placement.
+        key = f"http:{topic}:{idempotency_key}" if idempotency_key else None
         creates = {}
         if self.config.auto_create_topic and self.raftlog.store.queue_count(topic) is None:
             creates[topic] = self.config.default_topic_queues

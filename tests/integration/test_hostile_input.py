@@ -145,3 +145,35 @@ def test_members_are_validated_and_never_alias_another(make_cluster: Any) -> Non
                     assert sorted(n["id"] for n in view["nodes"]) == [0, 1, 2]
 
     asyncio.run(go())
+
+
+def test_an_idempotency_key_is_scoped_to_its_topic(make_cluster: Any) -> None:
+    cluster = make_cluster(3)
+    leader = cluster.wait_leader(60)
+
+    async def go() -> None:
+        async with aiohttp.ClientSession() as s:
+
+            async def produce(topic: str, body: str) -> dict[str, Any]:
+                async with s.post(
+                    f"{cluster.http_url(leader)}/v1/topics/{topic}/messages",
+                    json={"messages": [{"body": body, "queue": 0}]},
+                    headers={"Idempotency-Key": "1"},
+                ) as r:
+                    assert r.status == 200, await r.text()
+                    answer: dict[str, Any] = await r.json()
+                    return answer
+
+            first = await produce("a", "first")
+            other = await produce("b", "second")
+            again = await produce("a", "first")
+        assert not first["duplicate"] and not other["duplicate"] and again["duplicate"]
+        assert again["results"] == first["results"]
+        assert other["results"][0]["topic"] == "b"
+        async with Client(cluster.urls) as client:
+            page = await client.pull("b", 0, 0, 10)
+            assert [m["body"] for m in page["messages"]] == ["second"]
+            page = await client.pull("a", 0, 0, 10)
+            assert [m["body"] for m in page["messages"]] == ["first"]
+
+    asyncio.run(go())
