@@ -198,10 +198,13 @@ class CatchupServer:
                 conn, peer = self._sock.accept()
             except TimeoutError:
                 continue
-            except OSError:
+            except OSError as exc:
                 if self._stopped.is_set():
                     return
-                raise
+                # Out of file descriptors under a flood, say: keep serving once there is room.
+                log.warning("accepting a catch-up connection failed: %s", exc)
+                self._stopped.wait(0.1)
+                continue
             with self._lock:
                 self._ids += 1
                 conn_id = self._ids

@@ -607,7 +607,11 @@ class Store:
                 self.commitlog,
                 RangeCheck(self._chain, length, bytes.fromhex(str(snap["chain"]))),
             )
-            fetch(target)
+            try:
+                fetch(target)
+            except BaseException:
+                target.rewind()  # what was fetched so far is not checked: never keep it
+                raise
             failed = target.verdict()
             if failed is not None:
                 target.rewind()

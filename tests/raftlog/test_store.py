@@ -806,3 +806,17 @@ def test_a_format_1_snapshot_is_still_restored(make_store: StoreFactory) -> None
     assert state(b) == state(a)
     a.restore(snap, lambda target: pytest.fail("nothing to fetch"))
     assert a.digest() == b.digest()
+
+
+def test_a_fetch_that_fails_halfway_leaves_nothing_behind(make_store: StoreFactory) -> None:
+    a, b = make_store("a"), make_store("b")
+    _populate(a, count=40)
+    snap = Store.parse_snapshot(a.snapshot({}))
+
+    def half_then_give_up(into: FetchTarget) -> None:
+        into.write(a.commitlog.read_range(into.start, (into.start + into.end) // 2))
+        raise TimeoutError("no peer could serve the rest")
+
+    with pytest.raises(TimeoutError):
+        b.restore(snap, half_then_give_up)
+    assert b.commitlog.length == 0 and b.applied_length == 0
