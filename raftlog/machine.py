@@ -35,7 +35,7 @@ from pysyncobj.transport import TCPNode
 from raftlog import catchup
 from raftlog.config import RaftConfig
 from raftlog.errors import StoreCorruption
-from raftlog.store import Store, decode_entry, encode_entry
+from raftlog.store import FetchTarget, Store, decode_entry, encode_entry
 from raftlog.ticks import TickWatch
 
 log = logging.getLogger(__name__)
@@ -369,7 +369,7 @@ class ReplicatedLog(SyncObj):
         """``[start, end)`` of the first peer's CommitLog that has all of it; None if none has."""
         for address in self._fetch_peers():
             try:
-                data = catchup.fetch_bytes(address, start, end)
+                data = catchup.fetch_bytes(address, start, end, secret=self._cfg.cluster_secret)
             except (OSError, ConnectionError) as exc:
                 log.warning(
                     "reading CommitLog [%d, %d) from %s failed: %s", start, end, address, exc
@@ -379,14 +379,14 @@ class ReplicatedLog(SyncObj):
                 return data
         return None
 
-    def _fetch(self, start: int, end: int) -> None:
-        commitlog = self._store.commitlog
+    def _fetch(self, target: FetchTarget) -> None:
+        """Fill ``target`` from the peers, checked against the snapshot's hash chain; after
+        ``catchup_deadline_s`` without success, :class:`catchup.FetchFailed` (logged as an
+        ERROR naming the range and every peer's answer) and the restore fails."""
         catchup.fetch_range(
             self._fetch_peers,
-            start,
-            end,
-            commitlog.write_raw,
-            lambda: commitlog.length,
+            target,
+            secret=self._cfg.cluster_secret,
             deadline_s=self._cfg.catchup_deadline_s,
         )
 

@@ -89,7 +89,11 @@ class RaftLog:
         self._stop = threading.Event()
         host, port = _addr(config.fetch_address)
         self.catchup = CatchupServer(
-            host, port, self.store.commitlog, lambda: self.store.applied_length
+            host,
+            port,
+            self.store.commitlog,
+            lambda: self.store.applied_length,
+            secret=config.cluster_secret,
         )
         self.machine = ReplicatedLog(config, self.store)
         self.machine.addOnTickCallback(self._first_tick)

@@ -4,9 +4,11 @@
 sequence gives byte-identical CommitLogs and equal tables on every node. It knows nothing of
 Raft; :mod:`raftlog.machine` feeds it committed commands.
 
-The snapshot (:meth:`Store.snapshot`) is *thin*: the CommitLog length and digest, the tables,
-and a digest of the last 64 KiB, never the CommitLog itself. A node restoring one truncates its
-CommitLog to that length or fetches the missing bytes from a peer (:meth:`Store.restore`).
+The snapshot (:meth:`Store.snapshot`) is *thin*: the CommitLog length and hash chain
+(:mod:`raftlog.chain`), the tables, and a digest of the last 64 KiB, never the CommitLog itself.
+A node restoring one truncates its CommitLog to that length or fetches the missing bytes from a
+peer (:meth:`Store.restore`), and accepts fetched bytes only when they extend its own chain to
+the snapshot's.
 
 Registered apply extensions (:mod:`raftlog.extension`) apply ``EXTENSION`` commands; their
 derived records are placed like produced ones and their state lives in ``kv``.
@@ -33,6 +35,7 @@ import orjson
 
 from raftlog import command as cmdcodec
 from raftlog import record
+from raftlog.chain import BLOCK_BYTES, Chain, RangeCheck
 from raftlog.commitlog import CommitLog
 from raftlog.consumequeue import UNIT, ConsumeQueueStore, CqUnit
 from raftlog.errors import StoreCorruption
@@ -41,6 +44,9 @@ from raftlog.extension import ApplyContext, ApplyExtension, DerivedRecord, check
 log = logging.getLogger(__name__)
 
 SNAPSHOT_MAGIC = b"CMQSNAP1"
+#: 2: ``chain`` is :mod:`raftlog.chain`'s and ``chain_block`` is there. 1 (read only): a chain
+#: over commands, which fetched bytes cannot be checked against.
+SNAPSHOT_VERSION = 2
 _SNAP_HEAD = struct.Struct(">8sQ32s")
 TAIL_DIGEST_BYTES = 64 * 1024
 COMPARE_WINDOW_BYTES = 1024 * 1024
@@ -89,6 +95,55 @@ def _placed(
     )
 
 
+class FetchTarget:
+    """Where CommitLog bytes fetched from peers go while a snapshot is restored.
+
+    Bytes are appended to the CommitLog's files past the store's length (nothing serves or
+    indexes them there) and fed to a :class:`RangeCheck` as they come. The store takes them
+    only when :meth:`verdict` says they extend its chain to the snapshot's; otherwise
+    :meth:`rewind` cuts them off again, so bytes that fail the chain are never part of the
+    store. The fetcher writes each peer's bytes in order and checks at the end of the range.
+    """
+
+    def __init__(self, commitlog: CommitLog, check: RangeCheck) -> None:
+        if commitlog.length != check.start:
+            raise ValueError(f"the CommitLog ends at {commitlog.length}, not at {check.start}")
+        self._commitlog = commitlog
+        self._check = check
+
+    @property
+    def start(self) -> int:
+        return self._check.start
+
+    @property
+    def end(self) -> int:
+        return self._check.end
+
+    @property
+    def position(self) -> int:
+        return self._check.position
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Append the next fetched bytes (at :attr:`position`)."""
+        at = self._check.position
+        if at + len(data) > self._check.end:
+            raise ValueError(f"{len(data)} bytes at {at} run past {self._check.end}")
+        self._commitlog.write_raw(at, data)
+        self._check.update(data)
+
+    def verdict(self) -> str | None:
+        """None when ``[start, end)`` is complete and matches the chain; else what is wrong."""
+        return self._check.verdict()
+
+    def rewind(self) -> None:
+        """Throw away every byte written since :attr:`start`."""
+        self._commitlog.truncate(self._check.start)
+        self._check.rewind()
+
+    def chain(self) -> Chain:
+        return self._check.chain()
+
+
 @dataclass(frozen=True, slots=True)
 class BatchOutcome:
     key: str
@@ -132,7 +187,7 @@ class Store:
         self.idem: OrderedDict[str, tuple[int, int, int]] = (
             OrderedDict()
         )  # key -> (phys, n, status)
-        self.chain = bytes(16)
+        self._chain = Chain()
         self.applied_index = 0
         self.applied_length = 0
         self._lock = threading.Lock()
@@ -146,6 +201,11 @@ class Store:
         self.extension_wait_s = DEFAULT_EXTENSION_WAIT_S
 
     # ------------------------------------------------------------------ queries
+
+    @property
+    def chain(self) -> bytes:
+        """The hash chain of the CommitLog's ``applied_length`` bytes (:mod:`raftlog.chain`)."""
+        return self._chain.value()
 
     def digest(self) -> dict[str, object]:
         """What replicas compare: equal ``length`` and ``chain`` mean equal CommitLog bytes."""
@@ -269,11 +329,10 @@ class Store:
                 first.setdefault(qkey, qoffs[i])
             for qkey, units in grouped.items():
                 self.cqs.append(qkey[0], qkey[1], first[qkey], b"".join(units))
-        if end_len > start_len:
-            h = hashlib.blake2b(self.chain, digest_size=16)
-            h.update(buf)
-            h.update(struct.pack(">QQ", start_len, end_len))
-            self.chain = h.digest()
+        if end_len - start_len == len(buf):
+            self._chain.update(buf)
+        else:  # blank records pad a segment's end (once a segment): hash what was written
+            self._chain.update(self.commitlog.read_range(start_len, end_len))
         self.applied_length = end_len
         return phys, buf_at
 
@@ -439,10 +498,11 @@ class Store:
         tail_from = max(0, length - TAIL_DIGEST_BYTES)
         payload = orjson.dumps(
             {
-                "v": 1,
+                "v": SNAPSHOT_VERSION,
                 "index": self.applied_index,
                 "length": length,
                 "chain": self.chain.hex(),
+                "chain_block": self._chain.block_chain.hex(),
                 "segment_bytes": self.commitlog.segment_bytes,
                 "topics": self.topics,
                 "kv": self.kv,
@@ -479,23 +539,26 @@ class Store:
         if hashlib.sha256(payload).digest() != digest:
             raise StoreCorruption("snapshot fails its hash")
         snap = orjson.loads(payload)
-        if snap.get("v") != 1:
+        if snap.get("v") not in (1, SNAPSHOT_VERSION):
             raise StoreCorruption(f"snapshot version {snap.get('v')} is not supported")
         return snap
 
     def restore(
         self,
         snap: Mapping[str, Any],
-        fetch: Callable[[int, int], None],
+        fetch: Callable[[FetchTarget], None],
         peer_bytes: Callable[[int, int], bytes | None] | None = None,
     ) -> None:
         """Make this store exactly the snapshot's state.
 
         The CommitLog is truncated to the snapshot's length, or the missing bytes are
-        fetched by ``fetch(start, end)`` (which appends them). Before fetching, the local
-        tail is compared with a peer's (``peer_bytes(start, end)``, None when no peer
-        answers); a CommitLog that differs is discarded and fetched whole. Then the tail
-        digest is checked and ConsumeQueues are cut or rebuilt to match.
+        fetched by ``fetch(target)``, which appends them through ``target`` (a
+        :class:`FetchTarget`: it checks them against the snapshot's hash chain, and throws away
+        bytes that fail it). Before fetching, the local tail is compared with a peer's
+        (``peer_bytes(start, end)``, None when no peer answers); a CommitLog that differs is
+        discarded and fetched whole, as is one whose chain this node does not know (at start,
+        with a CommitLog shorter than the snapshot's). Then the chain and the tail digest are
+        checked and ConsumeQueues are cut or rebuilt to match.
         """
         length = int(snap["length"])
         if snap["segment_bytes"] != self.commitlog.segment_bytes:
@@ -503,6 +566,8 @@ class Store:
                 f"snapshot was taken with commitlog_segment_bytes={snap['segment_bytes']}, "
                 f"this node has {self.commitlog.segment_bytes}: the setting must be equal on all nodes"
             )
+        # Nothing past this is served to peers until the store is restored.
+        self.applied_length = min(self.applied_length, self.commitlog.length)
         have = self.commitlog.length
         if 0 < have < length and peer_bytes is not None and not self._tail_agrees(have, peer_bytes):
             # Where the tail departs is not known, and a later window can match by chance
@@ -513,22 +578,45 @@ class Store:
                 have,
                 length,
             )
-            self.commitlog.truncate(0)
-            self.cqs.repair(self.commitlog, {})
-            have = 0
-        if have > length:
+            have = self._discard_commitlog()
+        if 0 < have < length and self._chain.length != have:
+            log.warning(
+                "the local CommitLog's %d bytes have no known hash chain (not applied since "
+                "start): discarding them and fetching all %d bytes, so that every byte is checked",
+                have,
+                length,
+            )
+            have = self._discard_commitlog()
+        if snap["v"] == 1:
+            self._restore_v1_chain(snap, fetch)
+        elif have > length or have == length:
             self.commitlog.truncate(length)
-        elif have < length:
+            self._chain = self._local_chain(length, bytes.fromhex(str(snap["chain_block"])))
+            if self._chain.value().hex() != snap["chain"]:
+                raise StoreCorruption(
+                    f"the CommitLog's last block before {length} differs from the snapshot's "
+                    "hash chain: replica diverged"
+                )
+        else:
             log.info(
                 "CommitLog is %d bytes, snapshot needs %d: fetching the rest from a peer",
                 have,
                 length,
             )
-            fetch(have, length)
-            if self.commitlog.length != length:
-                raise StoreCorruption(
-                    f"fetched CommitLog ends at {self.commitlog.length}, expected {length}"
-                )
+            target = FetchTarget(
+                self.commitlog,
+                RangeCheck(self._chain, length, bytes.fromhex(str(snap["chain"]))),
+            )
+            try:
+                fetch(target)
+            except BaseException:
+                target.rewind()  # what was fetched so far is not checked: never keep it
+                raise
+            failed = target.verdict()
+            if failed is not None:
+                target.rewind()
+                raise StoreCorruption(f"fetching the CommitLog failed: {failed}")
+            self._chain = target.chain()
         tail_from = int(snap["tail_from"])
         if self._range_digest(tail_from, length) != snap["tail_digest"]:
             raise StoreCorruption(
@@ -540,10 +628,46 @@ class Store:
         self.topics = topics
         self.kv = dict(snap["kv"])
         self.idem = OrderedDict((k, (p, n, s)) for k, p, n, s in snap["idem"])
-        self.chain = bytes.fromhex(str(snap["chain"]))
         self.applied_index = int(snap["index"])
         self.applied_length = length
         self._reattach_extensions()
+
+    def _discard_commitlog(self) -> int:
+        self.commitlog.truncate(0)
+        self.cqs.repair(self.commitlog, {})
+        self._chain = Chain()
+        self.applied_length = 0
+        return 0
+
+    def _local_chain(self, length: int, block_chain: bytes) -> Chain:
+        """The chain at ``length`` from a snapshot's block chain and the local last block."""
+        start = length - length % BLOCK_BYTES
+        return Chain(length, block_chain, self.commitlog.read_range(start, length))
+
+    def _restore_v1_chain(
+        self, snap: Mapping[str, Any], fetch: Callable[[FetchTarget], None]
+    ) -> None:
+        """A snapshot written before the chain covered the byte stream: its chain cannot
+        check fetched bytes, so only the tail digest does, and the chain is recomputed."""
+        length = int(snap["length"])
+        have = self.commitlog.length
+        if have >= length:
+            self.commitlog.truncate(length)
+        else:
+            log.warning(
+                "snapshot format 1 has no hash chain to check fetched bytes against: "
+                "CommitLog [%d, %d) is checked by its last 64 KiB only",
+                have,
+                length,
+            )
+            target = FetchTarget(self.commitlog, RangeCheck(self._chain, length, b""))
+            fetch(target)
+            if target.position != length:
+                target.rewind()
+                raise StoreCorruption(f"fetched CommitLog ends at {target.position}, not {length}")
+        self._chain = Chain.over(
+            os.pread(fd, n, off) for fd, off, n in self.commitlog.ranges(0, length)
+        )
 
     def holds(
         self, snap: Mapping[str, Any], peer_bytes: Callable[[int, int], bytes | None]
@@ -597,7 +721,7 @@ class Store:
         self.topics = {}
         self.kv = {}
         self.idem = OrderedDict()
-        self.chain = bytes(16)
+        self._chain = Chain()
         self.applied_index = 0
         self.applied_length = 0
         self._reattach_extensions()

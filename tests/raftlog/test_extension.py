@@ -106,9 +106,7 @@ def test_state_in_kv_survives_a_snapshot_and_attach_runs_again(stores: list[Stor
     assert ext_a.snapshots == [2]
     b.register_extension(ext_b)
     assert ext_b.attached == [0]
-    b.restore(
-        snap, lambda start, end: b.commitlog.write_raw(start, a.commitlog.read(start, end - start))
-    )
+    b.restore(snap, lambda into: into.write(a.commitlog.read_range(into.start, into.end)))
     assert ext_b.attached == [0, 2]
     assert b.kv["echo/n"] == 2 and b.digest() == a.digest()
     b.reset()

@@ -12,7 +12,7 @@ from pysyncobj.transport import TCPNode
 
 from raftlog.config import RaftConfig, RaftPeer
 from raftlog.machine import ReplicatedLog
-from raftlog.store import Store, encode_entry
+from raftlog.store import FetchTarget, Store, encode_entry
 
 from ._util import B, barrier, command, free_port
 
@@ -258,10 +258,9 @@ def leader(follower: ReplicatedLog, tmp_path: Path) -> Iterator[_Leader]:
         messages = [("t", (c * 3 + k) % 4, b"x" * (40 + c % 7), c * 3 + k) for k in range(3)]
         commands.append(command([B(f"b{c}", messages)]))
     leader = _Leader(store, follower, commands)
-    mine = follower._store.commitlog
 
-    def fetch(start: int, end: int) -> None:
-        mine.write_raw(start, store.commitlog.read_range(start, end))
+    def fetch(target: FetchTarget) -> None:
+        target.write(store.commitlog.read_range(target.start, target.end))
 
     def peer_bytes(start: int, end: int) -> bytes | None:
         if end > store.commitlog.length:

@@ -20,6 +20,7 @@ from raftlog.store import (
     CONDITION_FAILED,
     OK,
     ApplyResult,
+    FetchTarget,
     Store,
     decode_entry,
     encode_entry,
@@ -443,7 +444,7 @@ def test_snapshot_of_an_empty_store(make_store: StoreFactory) -> None:
     a, b = make_store("a"), make_store("b")
     snap = Store.parse_snapshot(a.snapshot({}))
     assert snap["length"] == 0
-    b.restore(snap, lambda start, end: pytest.fail("nothing to fetch"))
+    b.restore(snap, lambda target: pytest.fail("nothing to fetch"))
     assert b.digest() == a.digest()
 
 
@@ -455,7 +456,7 @@ def _corruptions(data: bytes) -> list[tuple[str, bytes]]:
     bad_hash[20] ^= 1
     bad_magic = b"CMQSNAP2" + data[8:]
     head = struct.Struct(">8sQ32s")
-    v2 = orjson.dumps({"v": 2})
+    v3 = orjson.dumps({"v": 3})
     return [
         ("flipped payload", bytes(flipped)),
         ("bad hash", bytes(bad_hash)),
@@ -464,7 +465,7 @@ def _corruptions(data: bytes) -> list[tuple[str, bytes]]:
         ("truncated header", data[:30]),
         ("empty", b""),
         ("overlong", data + b"\x00"),
-        ("other version", head.pack(b"CMQSNAP1", len(v2), hashlib.sha256(v2).digest()) + v2),
+        ("other version", head.pack(b"CMQSNAP1", len(v3), hashlib.sha256(v3).digest()) + v3),
     ]
 
 
@@ -488,14 +489,14 @@ def test_entry_codec() -> None:
 
 def _fetcher(
     source: Store, target: Store, calls: list[tuple[int, int]] | None = None
-) -> Callable[[int, int], None]:
+) -> Callable[[FetchTarget], None]:
     """A fetch that appends ``source``'s bytes to ``target``, noting each call in ``calls``."""
 
-    def fetch(start: int, end: int) -> None:
-        assert start == target.commitlog.length
+    def fetch(into: FetchTarget) -> None:
+        assert into.start == target.commitlog.length
         if calls is not None:
-            calls.append((start, end))
-        target.commitlog.write_raw(start, source.commitlog.read_range(start, end))
+            calls.append((into.start, into.end))
+        into.write(source.commitlog.read_range(into.start, into.end))
 
     return fetch
 
@@ -509,7 +510,7 @@ def test_restore_truncates_a_longer_commitlog(store: Store) -> None:
         apply(data)
     after_later = state(store)
     assert store.commitlog.length > int(snap["length"])
-    store.restore(snap, lambda start, end: pytest.fail("nothing to fetch"))
+    store.restore(snap, lambda target: pytest.fail("nothing to fetch"))
     assert state(store) == at_snapshot
     # Replaying the same entries gives the same state again, not a doubled one.
     replay = Applier(store, index=int(snap["index"]))
@@ -528,7 +529,7 @@ def test_restore_then_replay_matches_a_store_that_never_restored(make_store: Sto
     snap = Store.parse_snapshot(b.snapshot({}))
     for data in cmds[50:]:
         apply_b(data)
-    b.restore(snap, lambda start, end: pytest.fail("nothing to fetch"))
+    b.restore(snap, lambda target: pytest.fail("nothing to fetch"))
     replay = Applier(b, index=50)
     for data in cmds[50:]:
         apply_a(data)
@@ -624,7 +625,7 @@ def test_restore_rebuilds_lost_consumequeues(make_store: StoreFactory, tmp_path:
         path.unlink()
     b = make_store("a")  # same directory, ConsumeQueues gone
     assert b.cqs.queues() == {}
-    b.restore(snap, lambda start, end: pytest.fail("nothing to fetch"))
+    b.restore(snap, lambda target: pytest.fail("nothing to fetch"))
     assert b.cqs.queues() == queues
     assert sum(queues.values()) > 50
     for (topic, qid), n in b.cqs.queues().items():
@@ -637,8 +638,8 @@ def test_fetch_that_falls_short_is_corruption(make_store: StoreFactory) -> None:
     a, b = make_store("a"), make_store("b")
     _populate(a, count=30)
     snap = Store.parse_snapshot(a.snapshot({}))
-    with pytest.raises(StoreCorruption, match="fetched"):
-        b.restore(snap, lambda start, end: None)
+    with pytest.raises(StoreCorruption, match="incomplete"):
+        b.restore(snap, lambda target: None)
 
 
 def test_diverged_tail_is_corruption(make_store: StoreFactory) -> None:
@@ -647,7 +648,7 @@ def test_diverged_tail_is_corruption(make_store: StoreFactory) -> None:
     Applier(b)(command([B("k", [("t", 0, b"B" * 300, 1)], creates={"t": 1})]))
     assert a.commitlog.length == b.commitlog.length
     with pytest.raises(StoreCorruption, match="diverged"):
-        b.restore(Store.parse_snapshot(a.snapshot({})), lambda s, e: None)
+        b.restore(Store.parse_snapshot(a.snapshot({})), lambda target: None)
 
 
 def test_segment_bytes_mismatch_is_rejected(make_store: StoreFactory) -> None:
@@ -656,7 +657,7 @@ def test_segment_bytes_mismatch_is_rejected(make_store: StoreFactory) -> None:
     _populate(a, count=5)
     before = state(b)
     with pytest.raises(StoreCorruption, match="segment_bytes"):
-        b.restore(Store.parse_snapshot(a.snapshot({})), lambda s, e: pytest.fail("no fetch"))
+        b.restore(Store.parse_snapshot(a.snapshot({})), lambda target: pytest.fail("no fetch"))
     assert state(b) == before
 
 
@@ -749,3 +750,73 @@ def test_holds_a_snapshot_it_went_past_along_the_same_history_only(
     # Nor does a store behind a snapshot hold it.
     assert c.commitlog.length < a.commitlog.length
     assert not c.holds(Store.parse_snapshot(a.snapshot({})), _peer_bytes(a))
+
+
+# ---------------------------------------------------------------------- fetched bytes and the chain
+
+
+def test_fetched_bytes_that_fail_the_chain_are_never_taken(make_store: StoreFactory) -> None:
+    a, b = make_store("a"), make_store("b")
+    _populate(a, count=40)
+    snap = Store.parse_snapshot(a.snapshot({}))
+    before = state(b)
+
+    def lie(into: FetchTarget) -> None:
+        data = bytearray(a.commitlog.read_range(into.start, into.end))
+        data[len(data) // 2] ^= 1
+        into.write(bytes(data))
+
+    with pytest.raises(StoreCorruption, match="fail the hash chain"):
+        b.restore(snap, lie)
+    assert b.commitlog.length == 0 and state(b) == before
+    b.restore(snap, _fetcher(a, b))
+    assert state(b) == state(a)
+
+
+def test_a_restarted_store_shorter_than_the_snapshot_fetches_everything(
+    make_store: StoreFactory,
+) -> None:
+    """At start the chain of a local CommitLog shorter than the snapshot is not known: every
+    byte is fetched again, so that every byte is checked."""
+    a, b = make_store("a"), make_store("b")
+    cmds = random_commands(12, 60)
+    apply_a, apply_b = Applier(a), Applier(b)
+    for data in cmds[:20]:
+        apply_a(data)
+        apply_b(data)
+    for data in cmds[20:]:
+        apply_a(data)
+    b.close()
+    b = make_store("b")  # reopened: its CommitLog is there, its chain is not
+    assert b.commitlog.length > 0
+    calls: list[tuple[int, int]] = []
+    b.restore(Store.parse_snapshot(a.snapshot({})), _fetcher(a, b, calls), _peer_bytes(a))
+    assert calls == [(0, a.commitlog.length)]
+    assert state(b) == state(a)
+
+
+def test_a_format_1_snapshot_is_still_restored(make_store: StoreFactory) -> None:
+    a, b = make_store("a"), make_store("b")
+    _populate(a, count=30)
+    snap = dict(Store.parse_snapshot(a.snapshot({})))
+    snap["v"] = 1
+    snap["chain"] = "00" * 16  # a chain over commands: means nothing now
+    del snap["chain_block"]
+    b.restore(snap, _fetcher(a, b))
+    assert state(b) == state(a)
+    a.restore(snap, lambda target: pytest.fail("nothing to fetch"))
+    assert a.digest() == b.digest()
+
+
+def test_a_fetch_that_fails_halfway_leaves_nothing_behind(make_store: StoreFactory) -> None:
+    a, b = make_store("a"), make_store("b")
+    _populate(a, count=40)
+    snap = Store.parse_snapshot(a.snapshot({}))
+
+    def half_then_give_up(into: FetchTarget) -> None:
+        into.write(a.commitlog.read_range(into.start, (into.start + into.end) // 2))
+        raise TimeoutError("no peer could serve the rest")
+
+    with pytest.raises(TimeoutError):
+        b.restore(snap, half_then_give_up)
+    assert b.commitlog.length == 0 and b.applied_length == 0

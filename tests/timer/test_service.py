@@ -382,7 +382,7 @@ def test_stop_and_start_dequeue_and_enqueue(make_group: Any) -> None:
 def restart(g: Group, i: int, snapshot: bytes, after_index: int, fetch_from: int | None) -> None:
     """Replace replica ``i`` by a fresh process's view: reopen its files, restore
     ``snapshot``, register the timer (which realigns its files), replay the log after it."""
-    from raftlog.store import Store
+    from raftlog.store import FetchTarget, Store
     from tests.timer.fakes import FakeRaftLog
 
     g.logs[i].store.close()
@@ -390,8 +390,8 @@ def restart(g: Group, i: int, snapshot: bytes, after_index: int, fetch_from: int
     snap = Store.parse_snapshot(snapshot)
     source = g.logs[fetch_from if fetch_from is not None else (i + 1) % len(g.logs)].store
 
-    def fetch(start: int, end: int) -> None:
-        log.store.commitlog.write_raw(start, source.commitlog.read(start, end - start))
+    def fetch(into: FetchTarget) -> None:
+        into.write(source.commitlog.read_range(into.start, into.end))
 
     log.store.restore(snap, fetch)
     g.logs[i] = log
