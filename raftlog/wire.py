@@ -412,7 +412,10 @@ class AuthConnection:
                 self.disconnect()
                 return
             if not chunk:
-                self.disconnect()
+                if self._session is None:
+                    self.refuse("closed by the peer during the handshake")
+                else:
+                    self.disconnect()
                 return
             budget -= len(chunk)
             self._in += chunk
@@ -455,6 +458,10 @@ class AuthConnection:
                 del self._in[:HELLO_BYTES]
                 self._peer_hello_seen = True
                 self._out += own_proof
+                # Out before the peer's proof is judged: a peer we refuse learns why as well.
+                self._flush()
+                if self._state == CONNECTION_STATE.DISCONNECTED:
+                    return False
             if len(self._in) < PROOF_BYTES:
                 return False
             session = handshake.on_proof(bytes(self._in[:PROOF_BYTES]))
