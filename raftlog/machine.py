@@ -12,27 +12,28 @@ Facts this relies on (pysyncobj 0.3.17):
   snapshot the store is emptied before ``SyncObj`` starts, since the whole journal replays;
 * a received snapshot is not checked by pysyncobj: ours carries its own length and hash;
 * an exception in the deserializer at start leaves the node wedged: we exit instead;
-* the journal is written through mmap without fsync; ``flush="sync"`` adds an msync per entry.
+* the journal is written through mmap without fsync; ``flush="sync"`` adds an msync per entry;
+* pysyncobj's wire, admin commands and unpickling are replaced or closed as listed in
+  :mod:`raftlog.transport`.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pysyncobj.syncobj as _syncobj_module
-import pysyncobj.tcp_connection as _tcp_connection_module
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.journal import FileJournal, createJournal
 from pysyncobj.monotonic import monotonic as _pso_monotonic
 from pysyncobj.transport import TCPNode
 
-from raftlog import catchup
+from raftlog import catchup, transport
 from raftlog.config import RaftConfig
 from raftlog.errors import StoreCorruption
 from raftlog.store import FetchTarget, Store, decode_entry, encode_entry
@@ -49,25 +50,6 @@ class _SyncedJournal(FileJournal):
     def add(self, command: bytes, idx: int, term: int) -> None:
         super().add(command, idx, term)
         self.flush()
-
-
-class _WireZlib:
-    """What pysyncobj's connections see as ``zlib``: compression at our level.
-
-    pysyncobj compresses every message at level 3, a fifth of the leader's CPU under load
-    for payloads that barely compress. Level 0 writes a stored zlib stream, which any peer
-    (patched or not) decompresses as usual.
-    """
-
-    level = 0
-
-    @staticmethod
-    def compress(data: bytes, level: int = -1) -> bytes:
-        return zlib.compress(data, _WireZlib.level)
-
-    decompress = staticmethod(zlib.decompress)
-    decompressobj = staticmethod(zlib.decompressobj)
-    error = zlib.error
 
 
 def _create_journal(path: str | None, synced: bool) -> Any:
@@ -136,18 +118,28 @@ class ReplicatedLog(SyncObj):
             commandsQueueSize=100_000,
             appendEntriesBatchSizeBytes=config.append_entries_batch_bytes,
             dynamicMembershipChange=True,
+            # Listen on raft_host only, not on every interface.
+            bindAddress=config.raft_address,
             onStateChanged=on_state_changed,
             autoTick=auto_tick,
         )
-        _WireZlib.level = config.wire_compression_level
-        _tcp_connection_module.zlib = _WireZlib
+        # The authenticated wire and restricted unpickling (see raftlog/transport.py).
+        transport.install()
+        transport_class = functools.partial(
+            transport.GuardedTransport, settings=transport.settings_for(config)
+        )
         synced = config.flush == "sync"
         # pysyncobj builds its journal through this module-level name; a synced journal is
         # the only way to have entries durable before they are acknowledged.
         original = _syncobj_module.createJournal
         _syncobj_module.createJournal = lambda path: _create_journal(path, synced)
         try:
-            super().__init__(config.raft_address, [p.raft for p in config.peers], conf)
+            super().__init__(
+                config.raft_address,
+                [p.raft for p in config.peers],
+                conf,
+                transportClass=transport_class,
+            )
         finally:
             _syncobj_module.createJournal = original
 

@@ -1,0 +1,112 @@
+"""pysyncobj's TCP transport with the Raft port closed to strangers.
+
+Every adjustment to pysyncobj 0.3.17 that this takes, each small and in one place:
+
+1. ``pysyncobj.transport.TcpConnection`` and ``pysyncobj.tcp_server.TcpConnection`` (the names
+   the transport and the server build connections with) become :func:`raftlog.wire.connection`:
+   the handshake on the cluster secret, MACed frames, restricted unpickling
+   (:func:`install`).
+2. ``pysyncobj.syncobj.pickle`` and ``pysyncobj.serializer.pickle`` (the module
+   ``pysyncobj.pickle``) and ``pysyncobj.journal.loads`` become
+   :data:`raftlog.safepickle.PYSYNCOBJ_PICKLE` / :func:`raftlog.safepickle.loads_log`: the
+   membership and version commands applied from the log, the reassembly of one large entry sent
+   as a 'transmission', and the journal's meta file are unpickled with an allowlist
+   (:func:`install`).
+3. :class:`GuardedTransport`, given to ``SyncObj`` as its ``transportClass``, registers no
+   utility command (pysyncobj's unauthenticated ``status``, ``add``, ``remove``,
+   ``set_version``, ``transfer``: membership changes go through the HTTP admin API, which calls
+   ``addNodeToCluster`` / ``removeNodeFromCluster`` in-process), refuses read-only clients and
+   unknown node names on an incoming connection, logs each refusal, and sweeps handshakes that
+   outlived their deadline on every tick.
+4. ``SyncObjConf.bindAddress`` is the node's own Raft address (``raftlog/machine.py``), so the
+   listener binds ``raft_host`` and not 0.0.0.0.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pysyncobj.journal as _journal_module
+import pysyncobj.serializer as _serializer_module
+import pysyncobj.syncobj as _syncobj_module
+import pysyncobj.tcp_server as _tcp_server_module
+import pysyncobj.transport as _transport_module
+from pysyncobj.tcp_connection import CONNECTION_STATE
+from pysyncobj.transport import TCPTransport
+
+from raftlog import safepickle, wire
+from raftlog.config import RaftConfig
+from raftlog.wire import WireContext, WireSettings
+
+log = logging.getLogger(__name__)
+
+_SLACK_BYTES = 1024 * 1024  # pickle and dict overhead around the entries of one message
+
+
+def settings_for(config: RaftConfig) -> WireSettings:
+    """The wire settings of a node: the largest frame is one append message's entries
+    (``append_entries_batch_bytes``, plus the entry that crosses it) with room to spare."""
+    largest_command = max(config.max_message_bytes, config.batch_max_bytes)
+    return WireSettings(
+        secret=config.cluster_secret,
+        max_payload_bytes=config.append_entries_batch_bytes + 2 * largest_command + _SLACK_BYTES,
+        compression_level=config.wire_compression_level,
+    )
+
+
+def install() -> None:
+    """Adjustments 1 and 2 of the module docstring (idempotent)."""
+    _transport_module.TcpConnection = wire.connection
+    _tcp_server_module.TcpConnection = wire.connection
+    _syncobj_module.pickle = safepickle.PYSYNCOBJ_PICKLE
+    _serializer_module.pickle = safepickle.PYSYNCOBJ_PICKLE
+    _journal_module.loads = safepickle.loads_log
+
+
+def _describe(message: Any) -> str:
+    if isinstance(message, list) and message and isinstance(message[0], str):
+        return f"pysyncobj admin command {message[0][:32]!r} (use the HTTP admin API)"
+    if message == "readonly":
+        return "pysyncobj read-only client"
+    return f"first message names no member ({str(message)[:80]!r})"
+
+
+class GuardedTransport(TCPTransport):
+    """pysyncobj's TCP transport on :mod:`raftlog.wire`, without admin commands or read-only
+    clients. Built by ``SyncObj`` as ``transportClass(syncObj, selfNode, otherNodes)``: bind
+    ``settings`` first (``functools.partial``)."""
+
+    def __init__(
+        self,
+        syncObj: Any,
+        selfNode: Any,
+        otherNodes: Any,
+        *,
+        settings: WireSettings,
+    ) -> None:
+        self.context = WireContext(settings, wire.RefusalLog(logging.getLogger(wire.__name__)))
+        # Before the base class connects to the other nodes.
+        wire.register(syncObj._poller, self.context)
+        super().__init__(syncObj, selfNode, otherNodes)
+
+    def setOnUtilityMessageCallback(self, message: str, callback: Any) -> None:  # noqa: N802
+        """pysyncobj's admin commands over the Raft port: none is registered."""
+
+    def _onTick(self) -> None:  # noqa: N802
+        super()._onTick()
+        self.context.sweep(time.monotonic())
+
+    def _onNewIncomingConnection(self, conn: Any) -> None:  # noqa: N802
+        if conn.state == CONNECTION_STATE.DISCONNECTED:
+            return  # refused on accept (too many handshakes)
+        super()._onNewIncomingConnection(conn)
+
+    def _onIncomingMessageReceived(self, conn: Any, message: Any) -> None:  # noqa: N802
+        """The first message of an authenticated incoming connection: a member's address."""
+        if isinstance(message, str) and message in self._nodeAddrToNode:
+            super()._onIncomingMessageReceived(conn, message)
+            return
+        self._unknownConnections.discard(conn)
+        conn.refuse(_describe(message))
