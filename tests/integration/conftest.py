@@ -26,10 +26,15 @@ def _bindable(port: int) -> bool:
 
 
 def free_port_base(nodes: int, rng: random.Random) -> tuple[int, int]:
-    """An HTTP base and a Raft base such that every port a cluster needs is free."""
+    """An HTTP base and a Raft base such that every port a cluster needs is free.
+
+    Every port lies below the kernel's ephemeral range (32768-60999 by default): a port in
+    that range can be taken by some outgoing connection while a node is down, and its restart
+    then fails with EADDRINUSE.
+    """
     for _ in range(200):
-        http = rng.randrange(20000, 30000)
-        raft = rng.randrange(31000, 40000)
+        http = rng.randrange(10000, 19000)
+        raft = rng.randrange(20000, 31000)
         ports = (
             [http + i for i in range(nodes)]
             + [raft + i for i in range(nodes)]
