@@ -642,13 +642,24 @@ def test_fetch_that_falls_short_is_corruption(make_store: StoreFactory) -> None:
         b.restore(snap, lambda target: None)
 
 
-def test_diverged_tail_is_corruption(make_store: StoreFactory) -> None:
+def test_diverged_tail_is_fetched_again_and_corruption_without_a_peer(
+    make_store: StoreFactory,
+) -> None:
+    """A CommitLog as long as the snapshot's whose bytes differ (damaged or diverged) is
+    discarded and fetched whole from a peer, checked against the chain; with no peer to
+    send it, the restore fails naming the CommitLog."""
     a, b = make_store("a"), make_store("b")
     Applier(a)(command([B("k", [("t", 0, b"A" * 300, 1)], creates={"t": 1})]))
     Applier(b)(command([B("k", [("t", 0, b"B" * 300, 1)], creates={"t": 1})]))
     assert a.commitlog.length == b.commitlog.length
-    with pytest.raises(StoreCorruption, match="diverged"):
-        b.restore(Store.parse_snapshot(a.snapshot({})), lambda target: None)
+    snap = Store.parse_snapshot(a.snapshot({}))
+    with pytest.raises(StoreCorruption, match="incomplete"):
+        b.restore(snap, lambda target: None)
+    assert b.commitlog.length == 0  # nothing unchecked is kept
+    calls: list[tuple[int, int]] = []
+    b.restore(snap, _fetcher(a, b, calls))
+    assert calls == [(0, a.commitlog.length)]
+    assert state(b) == state(a)
 
 
 def test_segment_bytes_mismatch_is_rejected(make_store: StoreFactory) -> None:
