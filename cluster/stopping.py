@@ -58,13 +58,13 @@ class StopSignals:
         self.deadline_s = deadline_s
         self._exit_now = exit_now
         self._lock = threading.Lock()
-        self._callbacks: list[Callable[[], None]] = []
+        self._callbacks: list[Callable[[], object]] = []
         self.received: int | None = None
         signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
         self._thread = threading.Thread(target=self._wait, name="stop-signals", daemon=True)
         self._thread.start()
 
-    def on_stop(self, callback: Callable[[], None]) -> None:
+    def on_stop(self, callback: Callable[[], object]) -> None:
         """Run ``callback`` (on the signal thread) when the stop begins; at once if it has."""
         with self._lock:
             if self.received is None:

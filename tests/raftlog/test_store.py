@@ -831,3 +831,44 @@ def test_a_fetch_that_fails_halfway_leaves_nothing_behind(make_store: StoreFacto
     with pytest.raises(TimeoutError):
         b.restore(snap, half_then_give_up)
     assert b.commitlog.length == 0 and b.applied_length == 0
+
+
+class _RecordingExtension:
+    """An apply extension that records the kv it was attached to."""
+
+    name = "rec"
+
+    def __init__(self) -> None:
+        self.attached: list[dict[str, object]] = []
+
+    def attach(self, store: Store) -> None:
+        self.attached.append(dict(store.kv))
+
+    def apply(self, ctx: object, payload: object) -> None:
+        return None
+
+    def before_snapshot(self, index: int) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def test_an_extension_registered_before_the_snapshot_is_restored_attaches_to_it(
+    make_store: StoreFactory,
+) -> None:
+    """A node with a snapshot: pysyncobj restores it on its first tick, which may come after
+    the services registered. Attaching them to the empty state then would make the timer cut
+    its TimerLog to 0 and wait for peers that did the same; they attach to the snapshot."""
+    a = make_store("a")
+    _populate(a, count=20)
+    Applier(a)(command([B("kv", [], updates={"timer/tl": 160})]))
+    snap = Store.parse_snapshot(a.snapshot({}))
+    b = make_store("b")
+    b.settled = False  # what ReplicatedLog sets when a snapshot file exists
+    ext = _RecordingExtension()
+    b.register_extension(ext)
+    assert ext.attached == []
+    b.restore(snap, _fetcher(a, b, []))
+    assert len(ext.attached) == 1 and ext.attached[0]["timer/tl"] == 160
+    assert b.settled
