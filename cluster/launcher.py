@@ -37,6 +37,9 @@ HOST = "127.0.0.1"
 
 
 SECRET_FILE = "cluster.secret"
+#: How long :meth:`LocalCluster.stop` waits after SIGTERM before SIGKILL: above a node's own
+#: stop deadline (:data:`cluster.stopping.STOP_DEADLINE_S`), so a node normally exits itself.
+STOP_TIMEOUT_S = 12.0
 TOKEN_FILE = "auth.token"
 
 
@@ -50,6 +53,12 @@ def http_get_json(
     req = urllib.request.Request(url, headers=headers)
     with urllib.request.urlopen(req, timeout=timeout_s, context=context) as r:  # noqa: S310 - URLs we built
         return json.loads(r.read())
+
+
+def _signal_group(p: subprocess.Popen[bytes], sig: int) -> None:
+    """Send ``sig`` to the process group node ``p`` leads (it starts a session of its own)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, sig)
 
 
 def write_private(path: Path, text: str) -> None:
@@ -234,16 +243,21 @@ class LocalCluster:
             start_new_session=True,
         )
 
-    def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
+    def kill(self, i: int, sig: int = signal.SIGKILL, timeout_s: float = 15.0) -> None:
+        """Send ``sig`` to node ``i``; for SIGKILL and SIGTERM wait for it to exit (SIGKILL
+        after ``timeout_s``) and reap it and whatever it started."""
         p = self.procs.get(i)
         if p is None or p.poll() is not None:
             return
-        p.send_signal(sig)
+        if sig == signal.SIGKILL:
+            _signal_group(p, signal.SIGKILL)
+        else:
+            p.send_signal(sig)
         if sig in (signal.SIGKILL, signal.SIGTERM):
             try:
-                p.wait(timeout=30)
+                p.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                p.kill()
+                _signal_group(p, signal.SIGKILL)
                 p.wait(timeout=10)
             self._reap(i)
 
@@ -256,24 +270,33 @@ class LocalCluster:
         return p is not None and p.poll() is None
 
     def _reap(self, i: int) -> None:
+        p = self.procs.get(i)
+        if p is not None:
+            # Anything the node left in its process group (a wrapper's children) goes too.
+            _signal_group(p, signal.SIGKILL)
         log = self._logs.pop(i, None)
         if log is not None:
             log.close()
 
-    def stop(self, timeout_s: float = 15.0) -> None:
-        for _i, p in list(self.procs.items()):
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop every node: SIGCONT and SIGTERM to each one's process group, SIGKILL to those
+        still there after ``timeout_s``, and reap them all; no process is left behind."""
+        for p in list(self.procs.values()):
             if p.poll() is None:
-                try:
-                    os.kill(p.pid, signal.SIGCONT)  # a paused node must be able to stop
-                    p.send_signal(signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+                _signal_group(p, signal.SIGCONT)  # a paused node must be able to stop
+                _signal_group(p, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         for i, p in list(self.procs.items()):
             try:
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                p.kill()
+                print(
+                    f"node {i} (pid {p.pid}) still running {timeout_s:.0f} s after SIGTERM: "
+                    "killing it",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                _signal_group(p, signal.SIGKILL)
                 p.wait(timeout=10)
             self._reap(i)
 

@@ -1,7 +1,9 @@
 """``chronomq node --config FILE``: run one broker node until SIGTERM or SIGINT.
 
 Shutdown is graceful: stop accepting requests, let in-flight commits finish, flush and close
-the store, drain the ops logs (:mod:`cluster.nodelogs`), exit 0.
+the store, drain the ops logs (:mod:`cluster.nodelogs`), exit 0. It is also bounded: whatever
+state the node is in (starting, restoring, stuck), it is gone within
+:data:`cluster.stopping.STOP_DEADLINE_S` of the signal (:mod:`cluster.stopping`).
 """
 
 from __future__ import annotations
@@ -23,14 +25,27 @@ from cluster.config import ConfigError, NodeConfig, load
 from cluster.nodelogs import NodeLogs
 from cluster.nodelogs import install_metrics as install_log_metrics
 from cluster.services import close_services, start_services
+from cluster.stopping import StopSignals
 from raftlog.clock import SkewedClock
 from raftlog.node import RaftLog
 
 log = logging.getLogger("chronomq.node")
 
 
-async def serve(config: NodeConfig, ssl_context: ssl.SSLContext | None = None) -> int:
-    """Run the node; with ``ssl_context`` the HTTP API speaks HTTPS only."""
+async def serve(
+    config: NodeConfig,
+    ssl_context: ssl.SSLContext | None = None,
+    signals: StopSignals | None = None,
+) -> int:
+    """Run the node; with ``ssl_context`` the HTTP API speaks HTTPS only. ``signals`` (made
+    by :func:`run`) stops it; without them SIGTERM and SIGINT are handled on the loop."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if signals is not None:
+        signals.on_stop(lambda: loop.call_soon_threadsafe(stop.set))
+    else:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
     skew_file = os.environ.get("CHRONOMQ_CLOCK_SKEW_FILE")
     clock = SkewedClock(skew_file) if skew_file else None
     if skew_file:
@@ -64,10 +79,6 @@ async def serve(config: NodeConfig, ssl_context: ssl.SSLContext | None = None) -
         config.http_url,
         config.raft_address,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("stopping: finishing in-flight requests")
     await runner.cleanup()
@@ -90,11 +101,15 @@ def run(config_path: str | None, overrides: dict[str, str] | None = None) -> int
     except ConfigError as exc:
         print(f"chronomq node: bad configuration: {exc}", file=sys.stderr)
         return 2
+    # Before any thread starts: every thread inherits the blocked signals.
+    signals = StopSignals()
     logs.setup(f"node-{config.node_id}", config.log_level, config.log_format)
     log.info("effective config: %s", orjson.dumps(config.masked()).decode())
     if malloc.fix_mmap_threshold():
         log.debug("glibc mmap threshold fixed at %d bytes", malloc.MMAP_THRESHOLD_BYTES)
     try:
-        return asyncio.run(serve(config, ssl_context))
+        return asyncio.run(serve(config, ssl_context, signals))
     except KeyboardInterrupt:
         return 0
+    # The stop deadline stays armed until the interpreter is gone: a thread that never ends
+    # would otherwise keep the process at exit.

@@ -36,6 +36,7 @@ from pysyncobj.transport import TCPNode
 from raftlog import catchup, transport
 from raftlog.config import RaftConfig
 from raftlog.errors import StoreCorruption
+from raftlog.journalcheck import check_journal, journal_advice
 from raftlog.store import FetchTarget, Store, decode_entry, encode_entry
 from raftlog.ticks import TickWatch
 
@@ -60,6 +61,13 @@ def _create_journal(path: str | None, synced: bool) -> Any:
 
 def _fatal(message: str) -> None:
     log.critical("%s: exiting so the node restarts from its files", message)
+    logging.shutdown()
+    os._exit(EXIT_STORE_FAULT)
+
+
+def _refuse(message: str) -> None:
+    """This node's own files cannot be started from: say which and what to do, and exit."""
+    log.critical("refusing to start: %s", message)
     logging.shutdown()
     os._exit(EXIT_STORE_FAULT)
 
@@ -98,9 +106,18 @@ class ReplicatedLog(SyncObj):
         self._commit_target = 0
         self._applied_bytes = 0
         journal_path = str(raft_dir / "journal")
+        damaged = check_journal(journal_path)
+        if damaged is not None:
+            _refuse(
+                f"{damaged.describe(journal_path)}. {journal_advice(journal_path, config.data_dir)}"
+            )
         if not os.path.exists(self._dump_path):
             # No snapshot: pysyncobj will replay the journal from its first entry.
             store.reset()
+        else:
+            # pysyncobj loads the snapshot on its first tick; until then the store's tables
+            # are empty and an extension registering must not align its files to them.
+            store.settled = False
         conf = SyncObjConf(
             journalFile=journal_path,
             fullDumpFile=self._dump_path,
@@ -281,7 +298,10 @@ class ReplicatedLog(SyncObj):
                 snap = Store.parse_snapshot(f.read())
         except (OSError, StoreCorruption) as exc:
             if starting:
-                _fatal(f"the local snapshot {path} cannot be read ({exc})")
+                _refuse(
+                    f"the local snapshot {path} cannot be read ({exc}). "
+                    f"{journal_advice(path, self._cfg.data_dir)}"
+                )
             log.error("rejecting a received snapshot: %s", exc)
             raise
         if not starting:

@@ -199,6 +199,11 @@ class Store:
         self.extensions: dict[str, ApplyExtension] = {}
         self._ext_cond = threading.Condition(threading.RLock())
         self.extension_wait_s = DEFAULT_EXTENSION_WAIT_S
+        #: False while the state this store starts from is not established yet (a node with
+        #: a snapshot, before the Raft thread has restored it): extensions registered then
+        #: are attached by that restore, never to the empty state, whose kv would tell them
+        #: to throw their files away.
+        self.settled = True
 
     # ------------------------------------------------------------------ queries
 
@@ -249,7 +254,10 @@ class Store:
         with self._ext_cond:
             if name in self.extensions:
                 raise ValueError(f"an extension named {name!r} is registered already")
-            ext.attach(self)
+            if self.settled:
+                ext.attach(self)
+            else:
+                log.info("extension %r waits for the snapshot to be restored to attach", name)
             self.extensions[name] = ext
             self._ext_cond.notify_all()
 
@@ -589,15 +597,22 @@ class Store:
             have = self._discard_commitlog()
         if snap["v"] == 1:
             self._restore_v1_chain(snap, fetch)
-        elif have > length or have == length:
-            self.commitlog.truncate(length)
-            self._chain = self._local_chain(length, bytes.fromhex(str(snap["chain_block"])))
-            if self._chain.value().hex() != snap["chain"]:
-                raise StoreCorruption(
-                    f"the CommitLog's last block before {length} differs from the snapshot's "
-                    "hash chain: replica diverged"
+            have = length
+        elif have >= length:
+            damage = self._local_prefix_damage(snap)
+            if damage is not None:
+                # A damaged CommitLog (a torn or corrupted file, a diverged tail): the peers
+                # hold the same bytes; fetch them all again, each checked against the chain.
+                log.error(
+                    "the CommitLog in %s does not match the snapshot at index %s (%s): "
+                    "discarding it and fetching all %d bytes again from a peer",
+                    self.commitlog.directory,
+                    snap["index"],
+                    damage,
+                    length,
                 )
-        else:
+                have = self._discard_commitlog()
+        if have < length:
             log.info(
                 "CommitLog is %d bytes, snapshot needs %d: fetching the rest from a peer",
                 have,
@@ -620,7 +635,8 @@ class Store:
         tail_from = int(snap["tail_from"])
         if self._range_digest(tail_from, length) != snap["tail_digest"]:
             raise StoreCorruption(
-                "the CommitLog's last 64 KiB differ from the snapshot's: replica diverged"
+                f"the CommitLog in {self.commitlog.directory}: its last 64 KiB before {length} "
+                "differ from the snapshot's: replica diverged"
             )
         topics = {t: list(q) for t, q in snap["topics"].items()}
         expected = {(t, i): n for t, qs in topics.items() for i, n in enumerate(qs)}
@@ -630,7 +646,26 @@ class Store:
         self.idem = OrderedDict((k, (p, n, s)) for k, p, n, s in snap["idem"])
         self.applied_index = int(snap["index"])
         self.applied_length = length
+        self.settled = True
         self._reattach_extensions()
+
+    def _local_prefix_damage(self, snap: Mapping[str, Any]) -> str | None:
+        """Cut the local CommitLog to the snapshot's length and check it there: None when its
+        hash chain and last 64 KiB are the snapshot's (the chain is then set), else what
+        differs."""
+        length = int(snap["length"])
+        self.commitlog.truncate(length)
+        try:
+            chain = self._local_chain(length, bytes.fromhex(str(snap["chain_block"])))
+            if chain.value().hex() != snap["chain"]:
+                return f"its last block before {length} fails the snapshot's hash chain"
+            tail_from = int(snap["tail_from"])
+            if self._range_digest(tail_from, length) != snap["tail_digest"]:
+                return f"its last 64 KiB before {length} differ from the snapshot's"
+        except (OSError, StoreCorruption) as exc:
+            return f"reading it failed: {exc}"
+        self._chain = chain
+        return None
 
     def _discard_commitlog(self) -> int:
         self.commitlog.truncate(0)
@@ -724,6 +759,7 @@ class Store:
         self._chain = Chain()
         self.applied_index = 0
         self.applied_length = 0
+        self.settled = True
         self._reattach_extensions()
 
     def close(self) -> None:

@@ -642,13 +642,24 @@ def test_fetch_that_falls_short_is_corruption(make_store: StoreFactory) -> None:
         b.restore(snap, lambda target: None)
 
 
-def test_diverged_tail_is_corruption(make_store: StoreFactory) -> None:
+def test_diverged_tail_is_fetched_again_and_corruption_without_a_peer(
+    make_store: StoreFactory,
+) -> None:
+    """A CommitLog as long as the snapshot's whose bytes differ (damaged or diverged) is
+    discarded and fetched whole from a peer, checked against the chain; with no peer to
+    send it, the restore fails naming the CommitLog."""
     a, b = make_store("a"), make_store("b")
     Applier(a)(command([B("k", [("t", 0, b"A" * 300, 1)], creates={"t": 1})]))
     Applier(b)(command([B("k", [("t", 0, b"B" * 300, 1)], creates={"t": 1})]))
     assert a.commitlog.length == b.commitlog.length
-    with pytest.raises(StoreCorruption, match="diverged"):
-        b.restore(Store.parse_snapshot(a.snapshot({})), lambda target: None)
+    snap = Store.parse_snapshot(a.snapshot({}))
+    with pytest.raises(StoreCorruption, match="incomplete"):
+        b.restore(snap, lambda target: None)
+    assert b.commitlog.length == 0  # nothing unchecked is kept
+    calls: list[tuple[int, int]] = []
+    b.restore(snap, _fetcher(a, b, calls))
+    assert calls == [(0, a.commitlog.length)]
+    assert state(b) == state(a)
 
 
 def test_segment_bytes_mismatch_is_rejected(make_store: StoreFactory) -> None:
@@ -820,3 +831,44 @@ def test_a_fetch_that_fails_halfway_leaves_nothing_behind(make_store: StoreFacto
     with pytest.raises(TimeoutError):
         b.restore(snap, half_then_give_up)
     assert b.commitlog.length == 0 and b.applied_length == 0
+
+
+class _RecordingExtension:
+    """An apply extension that records the kv it was attached to."""
+
+    name = "rec"
+
+    def __init__(self) -> None:
+        self.attached: list[dict[str, object]] = []
+
+    def attach(self, store: Store) -> None:
+        self.attached.append(dict(store.kv))
+
+    def apply(self, ctx: object, payload: object) -> None:
+        return None
+
+    def before_snapshot(self, index: int) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def test_an_extension_registered_before_the_snapshot_is_restored_attaches_to_it(
+    make_store: StoreFactory,
+) -> None:
+    """A node with a snapshot: pysyncobj restores it on its first tick, which may come after
+    the services registered. Attaching them to the empty state then would make the timer cut
+    its TimerLog to 0 and wait for peers that did the same; they attach to the snapshot."""
+    a = make_store("a")
+    _populate(a, count=20)
+    Applier(a)(command([B("kv", [], updates={"timer/tl": 160})]))
+    snap = Store.parse_snapshot(a.snapshot({}))
+    b = make_store("b")
+    b.settled = False  # what ReplicatedLog sets when a snapshot file exists
+    ext = _RecordingExtension()
+    b.register_extension(ext)
+    assert ext.attached == []
+    b.restore(snap, _fetcher(a, b, []))
+    assert len(ext.attached) == 1 and ext.attached[0]["timer/tl"] == 160
+    assert b.settled
