@@ -26,6 +26,7 @@ from cluster.config import NodeConfig, Peer
 from cluster.errors import ApiError, bad_request
 from cluster.peerhttp import PeerHttp
 from raftlog import record
+from raftlog.errors import UnknownTopic
 from raftlog.node import NewMessage, RaftLog
 from raftlog.store import ApplyResult, BatchOutcome
 from schedule import properties as schedule_props
@@ -237,6 +238,10 @@ class Broker:
         reserved.check_user_topic(topic)
         if not isinstance(raw, list) or not raw:
             raise bad_request("messages must be a non-empty list", "messages")
+        if not self.config.auto_create_topic and self.raftlog.store.queue_count(topic) is None:
+            # Also for delayed messages, which are stored in a system topic first: they would
+            # be accepted and dropped when due.
+            raise UnknownTopic(f"topic {topic} does not exist", "topic")
         if len(raw) > self.config.max_messages_per_request:
             raise ApiError(
                 413,

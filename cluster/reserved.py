@@ -14,7 +14,9 @@ from typing import Final
 
 from cluster.errors import bad_request
 from raftlog import record
+from raftlog.applycheck import RecordRule
 from schedule import properties as schedule_props
+from schedule import rewrite as schedule_rewrite
 from schedule.levels import SCHEDULE_TOPIC
 from timer import message as timer_message
 
@@ -67,3 +69,18 @@ def check_user_properties(properties: Mapping[str, str], field: str) -> None:
             raise bad_request(
                 f"property {name} is reserved: the broker sets it itself", f"{field}.{name}"
             )
+
+
+APPLY_EXTENSIONS: Final = ("timer",)
+"""Every apply extension a node of this cluster registers (``timer.machine.NAME``); a committed
+command for another name is rejected at apply instead of waiting for it."""
+
+
+def apply_rules() -> dict[str, RecordRule]:
+    """The checks apply runs on every record appended to a system topic, so a record that got
+    past the edge (an older node, another edge, a bug) is rejected the same way on every
+    replica instead of stopping them: the timer's and the delay levels' properties."""
+    return {
+        timer_message.TIMER_TOPIC: timer_message.apply_rule,
+        SCHEDULE_TOPIC: schedule_rewrite.apply_rule,
+    }

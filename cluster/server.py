@@ -18,7 +18,7 @@ import sys
 import orjson
 from aiohttp import web
 
-from cluster import logs, malloc, tls
+from cluster import logs, malloc, reserved, tls
 from cluster.api import CONFIG_HOOKS, METRICS, create_app
 from cluster.broker import Broker
 from cluster.config import ConfigError, NodeConfig, load
@@ -51,7 +51,11 @@ async def serve(
     if skew_file:
         log.warning("wall clock skewed by the offset in %s (a drill fault)", skew_file)
     raftlog = RaftLog(
-        config.raft_config(), clock=clock, auto_create_topics=config.auto_create_topic
+        config.raft_config(),
+        clock=clock,
+        auto_create_topics=config.auto_create_topic,
+        extensions=reserved.APPLY_EXTENSIONS,
+        record_rules=reserved.apply_rules(),
     )
     broker = Broker(config, raftlog)
     node_logs = NodeLogs(config, raftlog)

@@ -24,6 +24,7 @@ from pysyncobj import FAIL_REASON
 
 from raftlog import command as cmdcodec
 from raftlog.errors import (
+    ApplyRejected,
     CommitTimeout,
     ConditionFailed,
     NotLeader,
@@ -31,7 +32,7 @@ from raftlog.errors import (
     ReplicationError,
     UnknownQueue,
 )
-from raftlog.store import BAD_QUEUE, CONDITION_FAILED, ApplyResult, BatchOutcome
+from raftlog.store import BAD_QUEUE, CONDITION_FAILED, REJECTED, ApplyResult, BatchOutcome
 
 log = logging.getLogger(__name__)
 
@@ -272,6 +273,8 @@ class GroupCommitter:
                 _set_exception(b.future, ConditionFailed(o.detail))
             elif o.status == BAD_QUEUE:
                 _set_exception(b.future, UnknownQueue(o.detail, "queue"))
+            elif o.status == REJECTED:
+                _set_exception(b.future, ApplyRejected(o.detail, o.field or None))
             elif not o.duplicate and len(o.placed) != len(b.messages):
                 # Applied while this node was not leading (followers skip building results):
                 # the batch is stored, but its placements must come from a retry with the

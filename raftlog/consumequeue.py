@@ -27,6 +27,7 @@ from pathlib import Path
 
 from raftlog import record
 from raftlog.commitlog import CommitLog
+from raftlog.errors import InvalidInput
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,14 @@ class ConsumeQueueStore:
     # ------------------------------------------------------------------ files
 
     def _path(self, topic: str, queue_id: int) -> Path:
-        return self.directory / topic / f"{queue_id:05d}"
+        """The file of a queue: always inside :attr:`directory`, whatever the caller passes."""
+        record.validate_topic(topic)  # no separator, no "..", no NUL: one plain directory name
+        if not 0 <= queue_id < 100_000:
+            raise InvalidInput(f"queue id {queue_id} is out of range", "queue")
+        path = self.directory / topic / f"{queue_id:05d}"
+        if path.parent.parent != self.directory or topic in (".", ".."):
+            raise InvalidInput(f"topic {topic!r} does not name a directory", "topic")
+        return path
 
     def _scan(self) -> None:
         for topic_dir in self.directory.iterdir():

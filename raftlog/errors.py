@@ -34,8 +34,26 @@ class UnknownQueue(InvalidInput):
     code = "unknown_queue"
 
 
-class StoreCorruption(RaftLogError):
+class NodeFault(RaftLogError):
+    """Something wrong with this node itself (its files, its settings), not with a command.
+
+    Apply lets it (and ``OSError``) through, and the node stops rather than diverge; every
+    other error a command causes at apply is a recorded rejection (:class:`ApplyRejected`).
+    """
+
+
+class StoreCorruption(NodeFault):
     """Bytes on disk do not decode: a torn write, a bit flip or a bug. Never the caller's fault."""
+
+
+class ApplyRejected(InvalidInput):
+    """A committed command (or one batch of it) breaks a rule of apply.
+
+    Every replica rejects it the same way: nothing of the rejected part is stored, the batch's
+    outcome says why (``field`` names the offending input), and the store counts it.
+    """
+
+    code = "rejected_at_apply"
 
 
 class ReplicationError(RaftLogError):

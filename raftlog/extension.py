@@ -25,6 +25,13 @@ Registration happens after the Raft machine has started (services are built once
 log exists), and pysyncobj may already be applying journal entries by then. A command for an
 extension that is not registered yet therefore *waits* for it (``Store.extension_wait_s``), and
 the node exits if it never comes: applying it without the extension would diverge this replica.
+A node that knows which extensions its cluster runs (``Store.expected_extensions``) rejects a
+command for any other name at once, on every replica alike.
+
+An extension's apply must be total too: a payload or record that breaks its rules is answered
+deterministically (counted, logged, ignored), or it raises
+:class:`~raftlog.errors.ApplyRejected` and the store records the rejection. Only a fault of
+this node (``OSError``, :class:`~raftlog.errors.NodeFault`) may escape and stop it.
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from raftlog.errors import StoreCorruption
+from raftlog.errors import ApplyRejected, InvalidInput
+from raftlog.record import validate_topic
 
 if TYPE_CHECKING:
     from raftlog.store import Placed, Store
@@ -116,8 +124,12 @@ class ApplyContext:
         existing = self._store.topics.get(topic)
         if existing is not None:
             return len(existing)
+        try:
+            validate_topic(topic)
+        except InvalidInput as exc:
+            raise ApplyRejected(f"extension asked for topic {topic[:40]!r}: {exc}") from None
         if not 1 <= queues <= 1024:
-            raise StoreCorruption(f"extension asked for topic {topic} with {queues} queues")
+            raise ApplyRejected(f"extension asked for topic {topic} with {queues} queues")
         self._store.topics[topic] = [0] * queues
         return queues
 

@@ -72,6 +72,22 @@ def _refuse(message: str) -> None:
     os._exit(EXIT_STORE_FAULT)
 
 
+def _fault_message(exc: BaseException, data_dir: str | os.PathLike[str]) -> str:
+    """What stopped apply on this node, naming the file when known, and what to do."""
+    if isinstance(exc, OSError):
+        where = f" on {exc.filename}" if exc.filename else f" under {data_dir}"
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        return (
+            f"local storage fault{where}: {reason}. Free space or fix the disk, then restart "
+            f"the node; the other nodes keep serving and it catches up from them"
+        )
+    return (
+        f"apply failed: {exc}. This node's files under {data_dir} are damaged or its settings "
+        "differ from the cluster's: fix the setting named above, or stop the node, move the "
+        "data directory aside and restart it to copy everything from its peers"
+    )
+
+
 def _addr(hostport: str) -> tuple[str, int]:
     host, _, port = hostport.rpartition(":")
     return host, int(port)
@@ -94,6 +110,7 @@ class ReplicatedLog(SyncObj):
         self._cfg = config
         self._store = store
         store.want_results = self._isLeader
+        store.peer_bytes = self._peer_bytes
         self._started = False
         raft_dir = Path(config.data_dir) / "raft"
         raft_dir.mkdir(parents=True, exist_ok=True)
@@ -261,8 +278,10 @@ class ReplicatedLog(SyncObj):
         try:
             return self._store.apply(data, self.raftLastApplied + 1)
         except Exception as exc:  # a failed apply would leave this replica diverged
+            # Store.apply rejects whatever a command does wrong; what reaches here is a fault
+            # of this node's files or settings.
             log.exception("apply failed at index %d", self.raftLastApplied + 1)
-            _fatal(f"apply failed: {exc}")
+            _fatal(_fault_message(exc, self._cfg.data_dir))
         finally:
             self.ticks.applied(time.monotonic() - started)
 

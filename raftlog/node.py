@@ -19,13 +19,14 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from raftlog import command as cmdcodec
 from raftlog import record
+from raftlog.applycheck import RecordRule
 from raftlog.catchup import CatchupServer
 from raftlog.clock import Clock, SystemClock
 from raftlog.committer import GroupCommitter, PendingBatch, _failure
@@ -66,8 +67,18 @@ class NewMessage:
 
 class RaftLog:
     def __init__(
-        self, config: RaftConfig, *, clock: Clock | None = None, auto_create_topics: bool = True
+        self,
+        config: RaftConfig,
+        *,
+        clock: Clock | None = None,
+        auto_create_topics: bool = True,
+        extensions: Iterable[str] | None = None,
+        record_rules: Mapping[str, RecordRule] | None = None,
     ) -> None:
+        """``extensions``: the names of every apply extension the cluster runs (a command for
+        another is rejected at apply; None waits for any). ``record_rules``: checks for the
+        records of some topics (:mod:`raftlog.applycheck`). Both are in force before the first
+        command applies, and must be equal on every node."""
         self.config = config
         self.clock = clock or SystemClock()
         self.auto_create_topics = auto_create_topics
@@ -77,6 +88,9 @@ class RaftLog:
             flush=config.flush,
             idempotency_window=config.idempotency_window,
         )
+        if extensions is not None:
+            self.store.expected_extensions = frozenset(extensions)
+        self.store.record_rules.update(record_rules or {})
         self._ids = record.MessageIdSource()
         # Batch keys: unique per process start, cheap per batch (no urandom per call).
         self._key_prefix = uuid.uuid4().hex[:16]

@@ -33,12 +33,12 @@ from typing import Any
 
 import orjson
 
+from raftlog import applycheck, record
 from raftlog import command as cmdcodec
-from raftlog import record
 from raftlog.chain import BLOCK_BYTES, Chain, RangeCheck
 from raftlog.commitlog import CommitLog
 from raftlog.consumequeue import UNIT, ConsumeQueueStore, CqUnit
-from raftlog.errors import StoreCorruption
+from raftlog.errors import ApplyRejected, NodeFault, StoreCorruption
 from raftlog.extension import ApplyContext, ApplyExtension, DerivedRecord, check_name
 
 log = logging.getLogger(__name__)
@@ -53,11 +53,20 @@ COMPARE_WINDOW_BYTES = 1024 * 1024
 DEFAULT_IDEMPOTENCY_WINDOW = 20_000
 #: How long a command for an extension that is not registered yet waits for it.
 DEFAULT_EXTENSION_WAIT_S = 60.0
+MAX_EXTENSION_NAME = 32
 
 # Outcome status of a batch.
 OK = 0
 CONDITION_FAILED = 1
 BAD_QUEUE = 2
+#: A batch (or a whole command) broke a rule of apply (:mod:`raftlog.applycheck`); the
+#: outcome's ``field`` names the input.
+REJECTED = 4
+
+#: Replicated kv entries counting commands and batches rejected at apply, and the last reason.
+REJECTED_COUNT_KEY = "raftlog/rejected"
+REJECTED_LAST_KEY = "raftlog/rejected_last"
+_REJECTED_LAST_CHARS = 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +160,8 @@ class BatchOutcome:
     placed: tuple[Placed, ...] = ()
     duplicate: bool = False
     detail: str = ""
+    #: For ``REJECTED``: the input the rejection names (``messages[0].properties.REAL_QID``).
+    field: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +215,15 @@ class Store:
         #: are attached by that restore, never to the empty state, whose kv would tell them
         #: to throw their files away.
         self.settled = True
+        #: Names of the extensions this cluster runs; a command for another name is rejected
+        #: at once. None: wait for any name (``extension_wait_s``), then stop.
+        self.expected_extensions: frozenset[str] | None = None
+        #: Checks for records of a topic appended by ``APPEND`` commands (see
+        #: :mod:`raftlog.applycheck`). Set before the first apply, equal on every node.
+        self.record_rules: dict[str, applycheck.RecordRule] = {}
+        #: ``peer_bytes(start, end)``: a peer's CommitLog bytes, None if none has them (set by
+        #: :mod:`raftlog.machine`); :meth:`read_record` falls back to it.
+        self.peer_bytes: Callable[[int, int], bytes | None] | None = None
 
     # ------------------------------------------------------------------ queries
 
@@ -245,6 +265,53 @@ class Store:
             for u in self.read_units(topic, queue_id, offset, max_units)
         ]
 
+    def read_record(self, at: int, size: int) -> bytes:
+        """The checked bytes of the record at physical offset ``at``, from this node's
+        CommitLog or, when the local copy cannot be read (EIO, CRC mismatch), from a peer's.
+
+        Never answers with bytes that fail the record's CRC or are not the record at ``at``.
+        Raises :class:`StoreCorruption` (or ``OSError``) naming the file when neither can give
+        it: the caller must then wait, never skip the record.
+        """
+        try:
+            data = self.commitlog.read(at, size)
+            record.check(data)
+            return data
+        except (OSError, StoreCorruption) as exc:
+            local = exc
+        if at < self.commitlog.min_offset or at + size > self.applied_length:
+            raise local  # not a record this store holds: nothing to ask a peer for
+        where = self._segment_name(at)
+        peer_bytes = self.peer_bytes
+        theirs = peer_bytes(at, at + size) if peer_bytes is not None else None
+        if theirs is not None and len(theirs) == size:
+            try:
+                record.check(theirs)
+                if int.from_bytes(theirs[32:40], "big") == at:  # its physical_offset field
+                    log.warning(
+                        "CommitLog record at %d (%d bytes) is unreadable here (%s%s); "
+                        "read it from a peer",
+                        at,
+                        size,
+                        local,
+                        f", {where}" if where else "",
+                    )
+                    return theirs
+            except StoreCorruption:
+                pass
+        raise StoreCorruption(
+            f"CommitLog record at {at} ({size} bytes) is unreadable in "
+            f"{self.commitlog.directory}{f' ({where})' if where else ''}: {local}; no peer "
+            "could supply it. Check the disk; if the file is damaged, stop this node, move "
+            "its data directory aside and restart it to copy the CommitLog from its peers"
+        ) from local
+
+    def _segment_name(self, at: int) -> str:
+        try:
+            return f"segment {self.commitlog._segment_at(at).path.name}"
+        except (IndexError, AttributeError):
+            return ""
+
     # ------------------------------------------------------------------ extensions
 
     def register_extension(self, ext: ApplyExtension) -> None:
@@ -263,6 +330,8 @@ class Store:
 
     def _extension(self, name: str) -> ApplyExtension:
         """The extension for ``name``, waiting for it to register (the caller holds the lock)."""
+        if self.expected_extensions is not None and name not in self.expected_extensions:
+            raise ApplyRejected(f"this cluster runs no apply extension named {name[:40]!r}")
         deadline = time.monotonic() + self.extension_wait_s
         while name not in self.extensions:
             left = deadline - time.monotonic()
@@ -278,8 +347,10 @@ class Store:
     def _apply_extension(self, cmd: cmdcodec.Command, index: int) -> ApplyResult:
         extra = cmd.extra
         name = extra.get("e") if isinstance(extra, Mapping) else None
-        if not isinstance(name, str):
-            raise StoreCorruption("extension command without an extension name")
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_EXTENSION_NAME:
+            raise ApplyRejected("extension command without an extension name")
+        if isinstance(cmd.propose_ms, bool) or not isinstance(cmd.propose_ms, int):
+            raise ApplyRejected("extension command without an integer propose time")
         with self._ext_cond:
             ext = self._extension(name)
             ctx = ApplyContext(self, index, cmd.propose_ms)
@@ -300,7 +371,7 @@ class Store:
         for r in records:
             queues = self.topics.get(r.topic)
             if queues is None or not 0 <= r.queue_id < len(queues):
-                raise StoreCorruption(
+                raise ApplyRejected(
                     f"extension record for topic {r.topic} queue {r.queue_id}, which does not exist"
                 )
             qoffs.append(queues[r.queue_id])
@@ -347,8 +418,48 @@ class Store:
     # ------------------------------------------------------------------ apply
 
     def apply(self, data: bytes, index: int) -> ApplyResult:
-        """Apply the committed command ``data`` at Raft index ``index``."""
-        cmd = cmdcodec.decode(data)
+        """Apply the committed command ``data`` at Raft index ``index``.
+
+        Total: any bytes give an :class:`ApplyResult`. A command that does not decode or
+        breaks a rule of apply is rejected (:meth:`_reject`) the same way on every replica.
+        Only a fault of this node (``OSError``, :class:`NodeFault`) is raised.
+        """
+        try:
+            cmd = cmdcodec.decode(data)
+        except StoreCorruption as exc:  # the command's bytes, not this node's files
+            return self._reject(None, index, str(exc))
+        try:
+            return self._apply_command(cmd, index)
+        except (OSError, MemoryError, NodeFault):
+            raise
+        except ApplyRejected as exc:
+            return self._reject(cmd, index, str(exc), exc.field or "")
+        except Exception as exc:  # a rule no check above caught: still the same everywhere
+            log.exception("apply of the command at index %d failed; rejecting it", index)
+            return self._reject(cmd, index, f"{type(exc).__name__}: {exc}")
+
+    def _reject(
+        self, cmd: cmdcodec.Command | None, index: int, detail: str, field: str = ""
+    ) -> ApplyResult:
+        """Reject a whole command: count it in kv, answer every batch ``REJECTED``."""
+        detail = detail[:_REJECTED_LAST_CHARS]
+        log.error("command at index %d rejected at apply: %s", index, detail)
+        self._count_rejection(index, detail)
+        self.applied_index = index
+        kind = cmd.kind if cmd is not None else cmdcodec.Kind.BARRIER
+        propose_ms = cmd.propose_ms if cmd is not None and isinstance(cmd.propose_ms, int) else 0
+        keys = [b.key for b in cmd.batches if isinstance(b.key, str)] if cmd is not None else []
+        outcomes = tuple(BatchOutcome(k, REJECTED, detail=detail, field=field) for k in keys)
+        result = ApplyResult(index, kind, propose_ms, outcomes, 0, 0)
+        self._notify(result)
+        return result
+
+    def _count_rejection(self, index: int, detail: str) -> None:
+        count = self.kv.get(REJECTED_COUNT_KEY, 0)
+        self.kv[REJECTED_COUNT_KEY] = (count if isinstance(count, int) else 0) + 1
+        self.kv[REJECTED_LAST_KEY] = f"index {index}: {detail}"[:_REJECTED_LAST_CHARS]
+
+    def _apply_command(self, cmd: cmdcodec.Command, index: int) -> ApplyResult:
         if cmd.kind is cmdcodec.Kind.BARRIER:
             self.applied_index = index
             result = ApplyResult(index, cmd.kind, cmd.propose_ms, (), 0, 0)
@@ -356,6 +467,9 @@ class Store:
             return result
         if cmd.kind is cmdcodec.Kind.EXTENSION:
             return self._apply_extension(cmd, index)
+        problem = applycheck.check_command(cmd, self.commitlog.segment_bytes - record.BLANK_SIZE)
+        if problem is not None:
+            raise ApplyRejected(problem)
         topics = cmd.topics
         messages = cmd.messages
         blob = cmd.blob
@@ -398,6 +512,28 @@ class Store:
                 detail = f"topic {topics[bad[0]]} has no queue {bad[1]}"
                 outcomes.append(BatchOutcome(batch.key, BAD_QUEUE, detail=detail))
                 self._remember(batch.key, (0, 0, BAD_QUEUE))
+                continue
+            broken = applycheck.check_batch(
+                blob,
+                start_byte,
+                span,
+                topics,
+                lambda t, c=creates: self._queue_count(t, c) or None,  # type: ignore[misc]
+                self.record_rules,
+                cmd.propose_ms,
+            )
+            if broken is not None:
+                detail, field = broken
+                log.error(
+                    "batch %r at index %d rejected at apply: %s (%s)",
+                    batch.key,
+                    index,
+                    detail,
+                    field,
+                )
+                self._count_rejection(index, f"{field}: {detail}")
+                outcomes.append(BatchOutcome(batch.key, REJECTED, detail=detail, field=field))
+                self._remember(batch.key, (0, 0, REJECTED))
                 continue
             for topic, n in creates.items():
                 if topic not in self.topics:

@@ -9,13 +9,16 @@ restores the real topic and queue and drops ``DELAY`` (``messageTimeup``). ``REA
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from raftlog.applycheck import RecordFacts
+from raftlog.errors import InvalidInput
+from raftlog.record import validate_topic
 from schedule import properties as props
 from schedule.errors import CorruptScheduleMessage, InvalidDelayLevel
-from schedule.levels import SCHEDULE_TOPIC, DelayLevelTable, ResolvedLevel
+from schedule.levels import MAX_LEVEL_DELAY_MS, SCHEDULE_TOPIC, DelayLevelTable, ResolvedLevel
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,3 +110,50 @@ def restore(queue_id: int, properties: Mapping[str, str]) -> Restored:
         level=queue_id + 1,
         properties=MappingProxyType(restored),
     )
+
+
+#: Topics a delayed message may not be restored to (the timer's system topics share the prefix).
+_SYSTEM_TOPIC_PREFIX = "rmq_sys_"
+_MAX_QUEUES = 1024
+
+
+def destination_problem(
+    properties: Mapping[str, str], queue_count: Callable[[str], int | None]
+) -> tuple[str, str] | None:
+    """Why a schedule-topic message's ``REAL_TOPIC``/``REAL_QID`` cannot be restored to, as
+    ``(reason, property)``: not a legal topic name, a system topic, or not a queue of it."""
+    topic = properties.get(props.REAL_TOPIC, "")
+    try:
+        validate_topic(topic)
+    except InvalidInput as exc:
+        return f"{props.REAL_TOPIC} {topic[:40]!r}: {exc}", props.REAL_TOPIC
+    if topic == SCHEDULE_TOPIC or topic.startswith(_SYSTEM_TOPIC_PREFIX):
+        return f"{props.REAL_TOPIC} {topic} is a system topic", props.REAL_TOPIC
+    raw = properties.get(props.REAL_QID, "")
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 4 or int(raw) >= _MAX_QUEUES:
+        return f"{props.REAL_QID} {raw[:20]!r} is not a queue id", props.REAL_QID
+    queues = queue_count(topic)
+    if queues is not None and int(raw) >= queues:
+        return f"{props.REAL_QID} {raw}: topic {topic} has queues 0..{queues - 1}", props.REAL_QID
+    return None
+
+
+def apply_rule(
+    facts: RecordFacts, queue_count: Callable[[str], int | None]
+) -> tuple[str, str] | None:
+    """The apply rule for records of :data:`SCHEDULE_TOPIC` (:mod:`raftlog.applycheck`).
+
+    Besides the destination, the deliver time (the record's tagsCode) must lie within the
+    longest level delay any table allows (365 d) of the command's propose time: a record
+    stamped 2^62 would otherwise hold its level until the planner's skew allowance lets it go.
+    """
+    problem = destination_problem(facts.properties, queue_count)
+    if problem is not None:
+        return problem[0], f"properties.{problem[1]}"
+    if not 0 <= facts.tags_code <= facts.propose_ms + MAX_LEVEL_DELAY_MS:
+        return (
+            f"deliver time {facts.tags_code} is not within {MAX_LEVEL_DELAY_MS} ms of "
+            f"{facts.propose_ms}",
+            "delay_level",
+        )
+    return None

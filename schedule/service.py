@@ -24,8 +24,14 @@ are chained (each expects the offset the previous one sets), and the group commi
 them in order. Completions come back on this loop; the pending queue settles them in queue
 order, resends failures with back-off ``min(n x 100 ms, 60 s)``, blocks the level after
 ``schedule_async_deliver_max_resend_num_to_blocked`` failures of one message, and skips a
-message missing from the CommitLog after 6 tries (then one empty command moves the offset past
-it). While any message waits for a resend, nothing new is added: everything behind it would
+message missing from the CommitLog (below its minimum offset: retention deleted it) after 6
+tries (then one empty command moves the offset past it). A message the CommitLog still holds but
+this node cannot read (EIO, CRC mismatch) is read from a peer
+(:meth:`raftlog.store.Store.read_record`); if no peer can give it either, it is never skipped:
+the level waits on it, resending with back-off, and ``GET /v1/admin/schedule`` shows the level
+``blocked`` with the ``read_error`` (logged once per message). An entry whose deliver time lies
+more than the level's delay plus :data:`SKEW_ALLOWANCE_MS` ahead (a stamp no produce makes) is
+treated as due now rather than holding its level for ever. While any message waits for a resend, nothing new is added: everything behind it would
 only fail its condition.
 
 **Leadership.** Loops start when :class:`raftlog.node.RaftLog` confirms leadership (a barrier
@@ -63,7 +69,7 @@ from schedule.pending import (
     PendingQueue,
     PendingStats,
 )
-from schedule.planner import ScheduleEntry, StopReason, correct_offset, plan_scan
+from schedule.planner import ScanPlan, ScheduleEntry, StopReason, correct_offset, plan_scan
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +111,20 @@ class ScheduleSettings:
 
 
 class _Missing(Exception):
-    """The message of a ConsumeQueue unit could not be read from the CommitLog."""
+    """The message of a ConsumeQueue unit is no longer in the CommitLog (below its minimum
+    offset: retention deleted its segment). Skipped after ``max_missing_tries``."""
+
+
+class _Unreadable(Exception):
+    """The message of a ConsumeQueue unit is in the CommitLog but neither this node nor a peer
+    could read it (EIO, CRC mismatch). Never skipped: the level waits, the error shown."""
+
+
+#: How far past ``now + level delay`` an entry's deliver time may lie before the planner
+#: treats it as due now: no message of a level can be due later than its store time plus the
+#: level's delay, so only a clock running ahead (bounded by this) or a record stamped by
+#: something else (a due time in 2^62) gets there, and neither may hold the level for ever.
+SKEW_ALLOWANCE_MS: Final = 60_000
 
 
 @dataclass(slots=True)
@@ -139,6 +158,8 @@ class _LevelState:
     commands_total: int = 0
     last_error: str | None = None
     missing_sync: dict[int, int] = field(default_factory=dict)
+    read_error: tuple[int, str] | None = None
+    """(queue offset, error) of an entry no node could read: the level waits on it."""
 
 
 class ScheduleService:
@@ -368,12 +389,19 @@ class ScheduleService:
         Raises :class:`_Missing` when the CommitLog cannot give it, and
         :class:`CorruptScheduleMessage` when it cannot be delivered at all.
         """
+        store = self.raftlog.store
+        if entry.commitlog_offset < store.commitlog.min_offset:
+            raise _Missing(f"CommitLog starts at {store.commitlog.min_offset} now")
         try:
-            msg = self.raftlog.store.commitlog.read_message(
-                entry.commitlog_offset, entry.size_bytes
-            )
+            msg = record.decode(store.read_record(entry.commitlog_offset, entry.size_bytes))
         except (StoreCorruption, OSError, ValueError) as exc:
-            raise _Missing(str(exc)) from None
+            self._read_failed(st, entry, str(exc))
+            raise _Unreadable(str(exc)) from None
+        if st.read_error is not None and st.read_error[0] == entry.queue_offset:
+            log.info(
+                "schedule level %d queue offset %d is readable again", st.level, entry.queue_offset
+            )
+            st.read_error = None
         restored = rewrite.restore(self.levels.queue_id(st.level), msg.properties)
         queues = self.raftlog.store.queue_count(restored.topic)
         if queues is None or restored.queue_id >= queues:
@@ -394,6 +422,32 @@ class ScheduleService:
         )
         item = (record.msg_id_hex(msg.msg_id), restored.topic, msg.store_ms, entry.deliver_ms)
         return message, item
+
+    def _read_failed(self, st: _LevelState, entry: ScheduleEntry, error: str) -> None:
+        """Show (and log, once per entry) that the level waits on an unreadable message."""
+        st.failures_total += 1
+        st.last_error = f"queue offset {entry.queue_offset} unreadable: {error}"
+        if st.read_error is None or st.read_error[0] != entry.queue_offset:
+            log.error(
+                "schedule level %d waits on queue offset %d: its message (CommitLog %d, %d "
+                "bytes) cannot be read here or from a peer: %s",
+                st.level,
+                entry.queue_offset,
+                entry.commitlog_offset,
+                entry.size_bytes,
+                error,
+            )
+        st.read_error = (entry.queue_offset, error)
+
+    def _plan(self, st: _LevelState, offset: int, limit: int, now: int) -> ScanPlan:
+        """:func:`plan_scan` of the level from ``offset``: an entry due later than the level's
+        delay (plus :data:`SKEW_ALLOWANCE_MS`) from now is treated as due now."""
+        return plan_scan(
+            offset,
+            self._scan(st, offset, limit),
+            now,
+            max_delay_ms=st.delay_ms + SKEW_ALLOWANCE_MS,
+        )
 
     # ------------------------------------------------------------------ committing
 
@@ -431,12 +485,14 @@ class ScheduleService:
         """Deliver what is due now, one committed message at a time; return how long to wait."""
         offset = self.offset(st.level)
         now = self.raftlog.clock.now_ms()
-        plan = plan_scan(offset, self._scan(st, offset, self.settings.scan_max), now)
+        plan = self._plan(st, offset, self.settings.scan_max, now)
         for entry in plan.due:
             if self.mode != SYNC or self.paused:
                 return 0.0
             delivery = self._sync_delivery(st, entry)
             if delivery is None:
+                if st.read_error is not None:
+                    return 1.0  # every try asks the peers: not more than once a second
                 return min(1.0, self.settings.pending.resend_backoff_step_ms / 1000)
             store_ms = self.raftlog.clock.now_ms()
             try:
@@ -459,6 +515,8 @@ class ScheduleService:
     def _sync_delivery(self, st: _LevelState, entry: ScheduleEntry) -> _Delivery | None:
         try:
             message, item = self._build(st, entry)
+        except _Unreadable:
+            return None  # the level waits; _read_failed showed why
         except _Missing as exc:
             tries = st.missing_sync.get(entry.queue_offset, 0) + 1
             st.missing_sync = {entry.queue_offset: tries}
@@ -517,12 +575,17 @@ class ScheduleService:
             waits.append(self.settings.poll_ms / 1000)
             return min(waits)
         start = pq.next_offset
-        plan = plan_scan(start, self._scan(st, start, min(free, self.settings.scan_max)), now)
+        plan = self._plan(st, start, min(free, self.settings.scan_max), now)
         run: list[_Delivery] = []
         stopped_early = False
         for entry in plan.due:
             try:
                 message, item = self._build(st, entry)
+            except _Unreadable as exc:
+                if pq.try_add(entry) is AddResult.ADDED:
+                    pq.on_failure(entry.queue_offset, 1, now, str(exc))
+                stopped_early = True
+                break
             except _Missing:
                 if pq.try_add(entry) is AddResult.ADDED:
                     pq.on_missing(entry.queue_offset, 1, now)
@@ -556,8 +619,11 @@ class ScheduleService:
         for i, (entry, attempt) in enumerate(resends):
             try:
                 message, item = self._build(st, entry)
-            except _Missing:
-                pq.on_missing(entry.queue_offset, attempt, now)
+            except (_Missing, _Unreadable) as exc:
+                if isinstance(exc, _Missing):
+                    pq.on_missing(entry.queue_offset, attempt, now)
+                else:
+                    pq.on_failure(entry.queue_offset, attempt, now, str(exc))
                 for later, later_attempt in resends[i + 1 :]:
                     pq.on_failure(
                         later.queue_offset, later_attempt, now, "an earlier message is missing"
@@ -694,7 +760,10 @@ class ScheduleService:
                     "oldest_due_lag_ms": lag,
                     "pending": pstats.pending if pstats else 0,
                     "inflight_commands": st.inflight_batches if self.running else 0,
-                    "blocked": bool(pstats and pstats.blocked),
+                    "blocked": bool(pstats and pstats.blocked) or st.read_error is not None,
+                    "read_error": None
+                    if st.read_error is None
+                    else {"queue_offset": st.read_error[0], "error": st.read_error[1]},
                     "blocked_by": None
                     if blocking is None
                     else {

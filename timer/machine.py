@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from raftlog import record
+from raftlog.errors import NodeFault
 from raftlog.extension import ApplyContext, DerivedRecord
 from raftlog.store import Store
 from timer import message as tm
@@ -48,7 +49,7 @@ from timer.config import TimerConfig
 from timer.cursor import ReadCursor
 from timer.dequeue import DequeuePlanner, DequeueSpan, ItemAction
 from timer.enqueue import EnqueueAction, TimerMessage, enqueue
-from timer.errors import InvalidTimerConfig, TimerStateError
+from timer.errors import InvalidTimerConfig, TimerCorruptionError, TimerStateError
 from timer.files import AlignReport, Fetch, TimerFiles
 from timer.flow import RateMeter
 from timer.state import GEOMETRY, TimerState
@@ -201,6 +202,13 @@ class TimerMachine:
             )
 
     def apply(self, ctx: ApplyContext, payload: Any) -> TimerOutcome:
+        try:
+            return self._apply(ctx, payload)
+        except (InvalidTimerConfig, TimerCorruptionError) as exc:
+            # This node's settings or TimerLog/wheel files, not the command: stop this node.
+            raise NodeFault(f"timer apply at index {ctx.index}: {exc}") from exc
+
+    def _apply(self, ctx: ApplyContext, payload: Any) -> TimerOutcome:
         out = TimerOutcome()
         if not isinstance(payload, dict):
             out.invalid = "payload is not an object"
@@ -251,7 +259,8 @@ class TimerMachine:
                 setattr(st, attr, value)
 
     def _read(self, ctx: ApplyContext, offset: int, size: int) -> _Read:
-        data = ctx.store.commitlog.read(offset, size)
+        # A local read error is not a reason to skip: the peers' copy, or stop this node.
+        data = ctx.store.read_record(offset, size)
         msg_id, store_ms, props = record.head(data)
         return _Read(data, msg_id, store_ms, props, tm.timer_fields(msg_id, props))
 
@@ -291,6 +300,7 @@ class TimerMachine:
                 got = self._read(ctx, unit.commitlog_offset, unit.size)
                 fields = got.fields
                 if fields is None:
+                    self._dropped(ctx, got)
                     st.count("skipped")
                     continue
                 if fields.pre_enqueued:
@@ -333,6 +343,17 @@ class TimerMachine:
             out.due_now += len(due)
             st.last_delivered_ms = ctx.propose_ms
             self._observe(observed, ctx.propose_ms)
+
+    @staticmethod
+    def _dropped(ctx: ApplyContext, got: _Read) -> None:
+        props = got.props
+        problem = tm.destination_problem(props) if tm.TIMER_DEL_UNIQKEY not in props else None
+        log.warning(
+            "timer message %s at index %d dropped: %s",
+            record.msg_id_hex(got.msg_id),
+            ctx.index,
+            problem[0] if problem else "its timer properties are unusable",
+        )
 
     def _cancelled(self, deliver_ms: int, key_hash: int) -> bool:
         """Whether the slot of a message found already due holds a cancel of it (the cancel

@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 from raftlog import record
+from raftlog.applycheck import RecordFacts
 from raftlog.consumequeue import tags_hash
+from raftlog.errors import InvalidInput
 from raftlog.extension import DerivedRecord
 
 TIMER_TOPIC: Final = "rmq_sys_wheel_timer"
@@ -49,6 +51,16 @@ TIMER_ENQUEUED: Final = "TIMER_ENQUEUED"
 RESERVED: Final = frozenset(
     {TIMER_OUT_MS, REAL_TOPIC, REAL_QID, TIMER_ROLL_TIMES, TIMER_DEL_UNIQKEY, TIMER_ENQUEUED}
 )
+
+#: Topics a timer message may not be delivered to: RocketMQ's system topics and the delay
+#: levels' topic (named here: ``timer`` never imports ``schedule``).
+SYSTEM_TOPIC_PREFIX: Final = "rmq_sys_"
+SCHEDULE_TOPIC: Final = "SCHEDULE_TOPIC_XXXX"
+#: Most queues a topic may have; ``REAL_QID`` must be below it (and below the real topic's
+#: queue count when the topic exists).
+MAX_QUEUES: Final = 1024
+#: Properties only apply writes (rolled copies, cancels); a produced timer message has none.
+APPLY_ONLY: Final = frozenset({TIMER_ROLL_TIMES, TIMER_DEL_UNIQKEY, TIMER_ENQUEUED})
 
 _ID_KEY = b"chronomq/timer-id/v1"
 _MAX_DELIVER_MS = (1 << 48) - 1
@@ -90,13 +102,71 @@ class TimerFields:
     pre_enqueued: bool
 
 
-def timer_fields(msg_id: bytes, props: Mapping[str, str]) -> TimerFields | None:
-    """Parse the timer properties of a timer-topic record; ``None`` if they are unusable (a
-    record produced straight into the timer topic): apply skips those, on every replica."""
+def destination_problem(
+    props: Mapping[str, str], queue_count: Callable[[str], int | None] | None = None
+) -> tuple[str, str] | None:
+    """Why ``REAL_TOPIC``/``REAL_QID`` cannot be delivered to, as ``(reason, property)``.
+
+    ``REAL_TOPIC`` must be a legal topic name (so no path, no NUL) and not a system topic;
+    ``REAL_QID`` plain ASCII decimal below :data:`MAX_QUEUES` and, when ``queue_count`` knows
+    the topic, below its queue count.
+    """
+    topic = props.get(REAL_TOPIC, "")
+    try:
+        record.validate_topic(topic)
+    except InvalidInput as exc:
+        return f"{REAL_TOPIC} {topic[:40]!r}: {exc}", REAL_TOPIC
+    if topic.startswith(SYSTEM_TOPIC_PREFIX) or topic == SCHEDULE_TOPIC:
+        return f"{REAL_TOPIC} {topic} is a system topic", REAL_TOPIC
+    raw = props.get(REAL_QID, "")
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 4 or int(raw) >= MAX_QUEUES:
+        return f"{REAL_QID} {raw[:20]!r} is not a queue id 0..{MAX_QUEUES - 1}", REAL_QID
+    queues = queue_count(topic) if queue_count is not None else None
+    if queues is not None and int(raw) >= queues:
+        return f"{REAL_QID} {raw}: topic {topic} has queues 0..{queues - 1}", REAL_QID
+    return None
+
+
+def _deliver_ms(props: Mapping[str, str]) -> int | None:
     raw = props.get(TIMER_OUT_MS, "")
     if not raw.isascii() or not raw.isdigit() or len(raw) > 15:
         return None
-    deliver_ms = int(raw)
+    return int(raw)
+
+
+def produced_problem(
+    props: Mapping[str, str], queue_count: Callable[[str], int | None]
+) -> tuple[str, str] | None:
+    """Why a record appended to the timer topic by a produce is not a timer message, as
+    ``(reason, property)``; apply rejects such a batch (see :func:`apply_rule`)."""
+    for name in APPLY_ONLY:
+        if name in props:
+            return f"{name} is set by apply only", name
+    if _deliver_ms(props) is None:
+        raw = props.get(TIMER_OUT_MS, "")
+        return f"{TIMER_OUT_MS} {raw[:20]!r} is not a time in ms", TIMER_OUT_MS
+    return destination_problem(props, queue_count)
+
+
+def apply_rule(
+    facts: RecordFacts, queue_count: Callable[[str], int | None]
+) -> tuple[str, str] | None:
+    """The apply rule for records of :data:`TIMER_TOPIC` (:mod:`raftlog.applycheck`)."""
+    problem = produced_problem(facts.properties, queue_count)
+    if problem is None:
+        return None
+    reason, name = problem
+    return reason, f"properties.{name}"
+
+
+def timer_fields(msg_id: bytes, props: Mapping[str, str]) -> TimerFields | None:
+    """Parse the timer properties of a timer-topic record; ``None`` if they are unusable (a
+    record produced straight into the timer topic, an illegal destination): apply drops those,
+    on every replica, counting them as ``skipped`` (as RocketMQ's timer drops a message its
+    put answers ``PUT_NO_RETRY``)."""
+    deliver_ms = _deliver_ms(props)
+    if deliver_ms is None:
+        return None
     rolls = props.get(TIMER_ROLL_TIMES, "0")
     roll_times = int(rolls) if rolls.isascii() and rolls.isdigit() and len(rolls) < 10 else 0
     target = props.get(TIMER_DEL_UNIQKEY)
@@ -105,7 +175,7 @@ def timer_fields(msg_id: bytes, props: Mapping[str, str]) -> TimerFields | None:
             return None
         return TimerFields(deliver_ms, target, "", roll_times, True, TIMER_ENQUEUED in props)
     real_topic = props.get(REAL_TOPIC, "")
-    if not real_topic or real_topic == TIMER_TOPIC or not props.get(REAL_QID, "").isdigit():
+    if destination_problem(props) is not None:
         return None
     return TimerFields(deliver_ms, record.msg_id_hex(msg_id), real_topic, roll_times, False, False)
 
