@@ -34,6 +34,12 @@ class UnknownQueue(InvalidInput):
     code = "unknown_queue"
 
 
+class IdempotencyKeyReused(InvalidInput):
+    """An idempotency key came back with a different request within its window."""
+
+    code = "idempotency_key_reused"
+
+
 class StoreCorruption(RaftLogError):
     """Bytes on disk do not decode: a torn write, a bit flip or a bug. Never the caller's fault."""
 

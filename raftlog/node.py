@@ -76,6 +76,8 @@ class RaftLog:
             segment_bytes=config.commitlog_segment_bytes,
             flush=config.flush,
             idempotency_window=config.idempotency_window,
+            client_window_ms=config.idempotency_window_s * 1000,
+            client_max_keys=config.idempotency_max_keys,
         )
         self._ids = record.MessageIdSource()
         # Batch keys: unique per process start, cheap per batch (no urandom per call).
@@ -106,6 +108,7 @@ class RaftLog:
             max_pending_messages=config.max_pending_messages,
             commit_timeout_ms=config.commit_timeout_ms,
             now_ms=self.clock.now_ms,
+            idem=self.store.default_idem,
         )
         self._watch = threading.Thread(
             target=self._watch_leadership, name="leadership", daemon=True
@@ -289,11 +292,16 @@ class RaftLog:
         updates: Mapping[str, cmdcodec.Scalar] | None = None,
         creates: Mapping[str, int] | None = None,
         store_ms: int | None = None,
+        fingerprint: str | None = None,
     ) -> Future[BatchOutcome]:
         """Append messages (and state updates) atomically; the future resolves on commit.
 
         ``key`` makes the batch idempotent: a batch whose key was applied before is not applied
-        again and resolves to the first outcome (``duplicate=True``).
+        again and resolves to the first outcome (``duplicate=True``). With ``fingerprint`` (a
+        hash of the client's request, hex) the key is a client's: it is remembered for
+        ``idempotency_window_s`` of propose time, and the same key with another fingerprint
+        fails with :class:`IdempotencyKeyReused`. Without, it is kept among the last
+        ``idempotency_window`` internal batches.
         """
         self._check_leader()
         topics, metas, blob, auto = self.prepare(messages, store_ms, creates)
@@ -306,6 +314,7 @@ class RaftLog:
             expect=expect,
             updates=updates,
             creates=all_creates or None,
+            fingerprint=fingerprint if key else None,
         )
         return self.committer.submit(batch)
 
