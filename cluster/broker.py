@@ -665,6 +665,8 @@ class Broker:
             "uptime_s": round(time.monotonic() - self.started_monotonic, 1),
             "queued_messages": st["queued_messages"],
             "inflight_commands": st["inflight_commands"],
+            "client_idempotency_keys": len(self.raftlog.store.clients),
+            "client_idempotency_keys_evicted": self.raftlog.store.clients_evicted,
             "last_election_ms": self.last_election_ms,
             "leader_changes": list(self.leader_changes)[-5:],
             "reachable": True,

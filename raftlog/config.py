@@ -30,7 +30,7 @@ class RaftConfig:
     commit_timeout_ms: int = 10_000
     idempotency_window: int = 20_000  # internal batches' keys, by count
     idempotency_window_s: int = 600  # clients' keys, by the commands' propose times
-    idempotency_max_keys: int = 1_000_000  # clients' keys held at most
+    idempotency_max_keys: int = 100_000  # clients' keys held at most
     default_topic_queues: int = 4
     # pysyncobj.
     append_entries_period_ms: int = 50

@@ -60,7 +60,7 @@ TAIL_DIGEST_BYTES = 64 * 1024
 COMPARE_WINDOW_BYTES = 1024 * 1024
 DEFAULT_IDEMPOTENCY_WINDOW = 20_000
 DEFAULT_CLIENT_WINDOW_MS = 600_000
-DEFAULT_CLIENT_MAX_KEYS = 1_000_000
+DEFAULT_CLIENT_MAX_KEYS = 100_000
 #: One remembered client key, as kept in memory and in the snapshot::
 #:
 #:     0            16            32            40             48        52       53
@@ -580,6 +580,14 @@ class Store:
         )
         while len(self.clients) > max(limits.client_max_keys, 0):
             self.clients.popitem(last=False)
+            if self.clients_evicted % 10_000 == 0:
+                log.warning(
+                    "%d client idempotency keys are held, the most idempotency_max_keys "
+                    "allows: the oldest are forgotten before idempotency_window_s ends, and a "
+                    "retry with a forgotten key is stored again (%d forgotten so far)",
+                    len(self.clients),
+                    self.clients_evicted + 1,
+                )
             self.clients_evicted += 1
 
     def _expire_clients(self, cutoff_ms: int) -> None:
