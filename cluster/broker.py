@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from cluster import reserved
+from cluster import idempotency, reserved
 from cluster.config import NodeConfig, Peer
 from cluster.errors import ApiError, bad_request
 from cluster.peerhttp import PeerHttp
@@ -413,14 +413,27 @@ class Broker:
     async def produce(self, topic: str, raw: Any, idempotency_key: str | None) -> dict[str, Any]:
         messages, extras, store_ms = self.parse_messages(topic, raw)
         # A client's key is scoped to the topic: the same key sent to another topic is another
-        # request, not a replay of the first one's placement.
-        key = f"http:{topic}:{idempotency_key}" if idempotency_key else None
+        # request, not a replay of the first one's placement. Within the topic it is bound to
+        # its request's fingerprint (see cluster.idempotency).
+        key = fingerprint = None
+        if idempotency_key:
+            key = idempotency.client_key(topic, idempotency_key)
+            fingerprint = idempotency.request_fingerprint(topic, raw)
+            idempotency.check_reuse(
+                self.raftlog.store, key, fingerprint, store_ms, self.config.idempotency_window_s
+            )
         creates = {}
         if self.config.auto_create_topic and self.raftlog.store.queue_count(topic) is None:
             creates[topic] = self.config.default_topic_queues
         if any(m.topic == SCHEDULE_TOPIC for m in messages):
             self._create_schedule_topic(creates)
-        fut = self.raftlog.append(messages, key=key, creates=creates or None, store_ms=store_ms)
+        fut = self.raftlog.append(
+            messages,
+            key=key,
+            creates=creates or None,
+            store_ms=store_ms,
+            fingerprint=fingerprint,
+        )
         outcome = await self.commit(fut)
         if self.logs is not None and not outcome.duplicate:
             self.logs.stored(topic, outcome.placed, extras, store_ms)
@@ -574,7 +587,13 @@ class Broker:
                 reconsume_times=decision.reconsume_times,
             )
         key = f"retry:{group}:{topic}:{queue}:{offset}"
-        fut = self.raftlog.append([new], key=key, creates=creates or None, store_ms=store_ms)
+        fut = self.raftlog.append(
+            [new],
+            key=key,
+            creates=creates or None,
+            store_ms=store_ms,
+            fingerprint=idempotency.key_fingerprint(key),
+        )
         outcome = await self.commit(fut)
         if self.logs is not None and not outcome.duplicate:
             self.logs.stored(decision.topic, outcome.placed, [dict(answer)], store_ms)
@@ -651,6 +670,8 @@ class Broker:
             "uptime_s": round(time.monotonic() - self.started_monotonic, 1),
             "queued_messages": st["queued_messages"],
             "inflight_commands": st["inflight_commands"],
+            "client_idempotency_keys": len(self.raftlog.store.clients),
+            "client_idempotency_keys_evicted": self.raftlog.store.clients_evicted,
             "last_election_ms": self.last_election_ms,
             "leader_changes": list(self.leader_changes)[-5:],
             "reachable": True,

@@ -50,6 +50,8 @@ def from_exception(exc: BaseException, leader_url: str | None = None) -> ApiErro
         return ApiError(413, exc.code, str(exc), exc.field)
     if isinstance(exc, rl.UnknownTopic):
         return ApiError(404, exc.code, str(exc), exc.field)
+    if isinstance(exc, rl.IdempotencyKeyReused):
+        return ApiError(422, exc.code, str(exc), exc.field)
     if isinstance(exc, rl.InvalidInput):
         return ApiError(400, exc.code, str(exc), exc.field)
     if isinstance(exc, rl.ConditionFailed):

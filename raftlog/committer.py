@@ -27,12 +27,20 @@ from raftlog.errors import (
     ApplyRejected,
     CommitTimeout,
     ConditionFailed,
+    IdempotencyKeyReused,
     NotLeader,
     Overloaded,
     ReplicationError,
     UnknownQueue,
 )
-from raftlog.store import BAD_QUEUE, CONDITION_FAILED, REJECTED, ApplyResult, BatchOutcome
+from raftlog.store import (
+    BAD_QUEUE,
+    CONDITION_FAILED,
+    KEY_REUSED,
+    REJECTED,
+    ApplyResult,
+    BatchOutcome,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +56,7 @@ class PendingBatch:
     expect: Mapping[str, cmdcodec.Scalar] | None = None
     updates: Mapping[str, cmdcodec.Scalar] | None = None
     creates: Mapping[str, int] | None = None
+    fingerprint: str | None = None  # set for a client's idempotency key
     future: Future[BatchOutcome] = field(default_factory=Future)
     submitted: float = field(default_factory=time.monotonic)
 
@@ -87,6 +96,7 @@ class GroupCommitter:
         max_pending_messages: int,
         commit_timeout_ms: int,
         now_ms: Callable[[], int],
+        idem: cmdcodec.IdemLimits | None = None,
     ) -> None:
         self._propose = propose
         self._max_messages = max_messages
@@ -95,6 +105,7 @@ class GroupCommitter:
         self._max_pending = max_pending_messages
         self._timeout_s = commit_timeout_ms / 1000
         self._now_ms = now_ms
+        self._idem = idem
         self._cond = threading.Condition()
         self._queue: collections.deque[PendingBatch] = collections.deque()
         self._queued_messages = 0
@@ -210,12 +221,15 @@ class GroupCommitter:
             kind=cmdcodec.Kind.APPEND,
             propose_ms=self._now_ms(),
             batches=tuple(
-                cmdcodec.Batch(b.key, len(b.messages), b.expect, b.updates, b.creates)
+                cmdcodec.Batch(
+                    b.key, len(b.messages), b.expect, b.updates, b.creates, b.fingerprint
+                )
                 for b in batches
             ),
             topics=tuple(topics),
             messages=tuple(messages),
             blob=b"".join(b.blob for b in batches),
+            idem=self._idem,
         )
         return cmdcodec.encode(cmd)
 
@@ -271,6 +285,8 @@ class GroupCommitter:
                 )
             elif o.status == CONDITION_FAILED:
                 _set_exception(b.future, ConditionFailed(o.detail))
+            elif o.status == KEY_REUSED:
+                _set_exception(b.future, IdempotencyKeyReused(o.detail, "Idempotency-Key"))
             elif o.status == BAD_QUEUE:
                 _set_exception(b.future, UnknownQueue(o.detail, "queue"))
             elif o.status == REJECTED:

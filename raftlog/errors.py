@@ -34,6 +34,12 @@ class UnknownQueue(InvalidInput):
     code = "unknown_queue"
 
 
+class IdempotencyKeyReused(InvalidInput):
+    """An idempotency key came back with a different request within its window."""
+
+    code = "idempotency_key_reused"
+
+
 class NodeFault(RaftLogError):
     """Something wrong with this node itself (its files, its settings), not with a command.
 

@@ -87,6 +87,8 @@ class RaftLog:
             segment_bytes=config.commitlog_segment_bytes,
             flush=config.flush,
             idempotency_window=config.idempotency_window,
+            client_window_ms=config.idempotency_window_s * 1000,
+            client_max_keys=config.idempotency_max_keys,
         )
         if extensions is not None:
             self.store.expected_extensions = frozenset(extensions)
@@ -120,6 +122,7 @@ class RaftLog:
             max_pending_messages=config.max_pending_messages,
             commit_timeout_ms=config.commit_timeout_ms,
             now_ms=self.clock.now_ms,
+            idem=self.store.default_idem,
         )
         self._watch = threading.Thread(
             target=self._watch_leadership, name="leadership", daemon=True
@@ -303,11 +306,16 @@ class RaftLog:
         updates: Mapping[str, cmdcodec.Scalar] | None = None,
         creates: Mapping[str, int] | None = None,
         store_ms: int | None = None,
+        fingerprint: str | None = None,
     ) -> Future[BatchOutcome]:
         """Append messages (and state updates) atomically; the future resolves on commit.
 
         ``key`` makes the batch idempotent: a batch whose key was applied before is not applied
-        again and resolves to the first outcome (``duplicate=True``).
+        again and resolves to the first outcome (``duplicate=True``). With ``fingerprint`` (a
+        hash of the client's request, hex) the key is a client's: it is remembered for
+        ``idempotency_window_s`` of propose time, and the same key with another fingerprint
+        fails with :class:`IdempotencyKeyReused`. Without, it is kept among the last
+        ``idempotency_window`` internal batches.
         """
         self._check_leader()
         topics, metas, blob, auto = self.prepare(messages, store_ms, creates)
@@ -320,6 +328,7 @@ class RaftLog:
             expect=expect,
             updates=updates,
             creates=all_creates or None,
+            fingerprint=fingerprint if key else None,
         )
         return self.committer.submit(batch)
 

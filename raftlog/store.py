@@ -10,6 +10,13 @@ A node restoring one truncates its CommitLog to that length or fetches the missi
 peer (:meth:`Store.restore`), and accepts fetched bytes only when they extend its own chain to
 the snapshot's.
 
+Idempotency keys come in two kinds. A client's key (its batch carries the fingerprint of the
+request, see :mod:`raftlog.command`) is remembered with that fingerprint, the propose time and
+the placement for a time window measured in propose times, at most a number of keys (the
+oldest go first); a repeat within the window answers the first placement, and a repeat with
+another fingerprint is rejected (``KEY_REUSED``). Internal batches' keys are kept by count.
+The leader carries both limits in every command, so apply forgets the same keys everywhere.
+
 Registered apply extensions (:mod:`raftlog.extension`) apply ``EXTENSION`` commands; their
 derived records are placed like produced ones and their state lives in ``kv``.
 """
@@ -44,13 +51,25 @@ from raftlog.extension import ApplyContext, ApplyExtension, DerivedRecord, check
 log = logging.getLogger(__name__)
 
 SNAPSHOT_MAGIC = b"CMQSNAP1"
-#: 2: ``chain`` is :mod:`raftlog.chain`'s and ``chain_block`` is there. 1 (read only): a chain
-#: over commands, which fetched bytes cannot be checked against.
-SNAPSHOT_VERSION = 2
+#: 3: ``clients`` holds the client idempotency keys (:data:`CLIENT_ENTRY`, base64). 2 (read
+#: only): ``chain`` is :mod:`raftlog.chain`'s and ``chain_block`` is there; every key was in
+#: ``idem``. 1 (read only): a chain over commands, which fetched bytes cannot be checked against.
+SNAPSHOT_VERSION = 3
 _SNAP_HEAD = struct.Struct(">8sQ32s")
 TAIL_DIGEST_BYTES = 64 * 1024
 COMPARE_WINDOW_BYTES = 1024 * 1024
 DEFAULT_IDEMPOTENCY_WINDOW = 20_000
+DEFAULT_CLIENT_WINDOW_MS = 600_000
+DEFAULT_CLIENT_MAX_KEYS = 100_000
+#: One remembered client key, as kept in memory and in the snapshot::
+#:
+#:     0            16            32            40             48        52       53
+#:     +------------+-------------+-------------+--------------+---------+--------+
+#:     | key digest | fingerprint | propose_ms  | first phys   | count   | status |
+#:     | blake2b-16 | 16 bytes    | int64       | uint64       | uint32  | uint8  |
+#:     +------------+-------------+-------------+--------------+---------+--------+
+CLIENT_ENTRY = struct.Struct(">16s16sqQIB")
+_PROPOSE_MS = struct.Struct(">q")
 #: How long a command for an extension that is not registered yet waits for it.
 DEFAULT_EXTENSION_WAIT_S = 60.0
 MAX_EXTENSION_NAME = 32
@@ -67,6 +86,40 @@ REJECTED = 4
 REJECTED_COUNT_KEY = "raftlog/rejected"
 REJECTED_LAST_KEY = "raftlog/rejected_last"
 _REJECTED_LAST_CHARS = 300
+
+#: A client's idempotency key came back with another request (fingerprint) within its window.
+KEY_REUSED = 3
+
+
+def key_digest(key: str) -> bytes:
+    """How a client idempotency key is held: 16 bytes, whatever its length."""
+    return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def fingerprint_bytes(fingerprint: str) -> bytes:
+    """A command's fingerprint (hex) as held; total for any string a command may carry."""
+    if len(fingerprint) == 32:
+        try:
+            return bytes.fromhex(fingerprint)
+        except ValueError:
+            pass
+    return hashlib.blake2b(fingerprint.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class ClientKey:
+    """What is remembered of a client's idempotency key."""
+
+    fingerprint: bytes
+    propose_ms: int
+    physical_offset: int
+    count: int
+    status: int
+
+    @classmethod
+    def unpack(cls, entry: bytes) -> ClientKey:
+        _, fp, t, phys, n, status = CLIENT_ENTRY.unpack(entry)
+        return cls(fp, t, phys, n, status)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,20 +237,29 @@ class Store:
         segment_bytes: int,
         flush: str = "async",
         idempotency_window: int = DEFAULT_IDEMPOTENCY_WINDOW,
+        client_window_ms: int = DEFAULT_CLIENT_WINDOW_MS,
+        client_max_keys: int = DEFAULT_CLIENT_MAX_KEYS,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.commitlog = CommitLog(
             self.data_dir / "commitlog", segment_bytes=segment_bytes, flush=flush
         )
         self.cqs = ConsumeQueueStore(self.data_dir / "consumequeue")
-        self.idempotency_window = idempotency_window
+        # Limits for commands that carry none (written before commands carried them).
+        self.default_idem = cmdcodec.IdemLimits(
+            client_window_ms, client_max_keys, idempotency_window
+        )
         self.flush = flush
         # Replicated tables. Written only by apply/restore (the Raft thread); read anywhere.
         self.topics: dict[str, list[int]] = {}  # topic -> next queue offset per queue
         self.kv: dict[str, int | str] = {}
         self.idem: OrderedDict[str, tuple[int, int, int]] = (
             OrderedDict()
-        )  # key -> (phys, n, status)
+        )  # internal batch key -> (phys, n, status)
+        # Client keys: key digest -> CLIENT_ENTRY bytes, in the order they were applied.
+        self.clients: OrderedDict[bytes, bytes] = OrderedDict()
+        # Local figure (not replicated): client keys dropped by the bound before their window.
+        self.clients_evicted = 0
         self._chain = Chain()
         self.applied_index = 0
         self.applied_length = 0
@@ -239,6 +301,11 @@ class Store:
             "length": self.applied_length,
             "chain": self.chain.hex(),
         }
+
+    def client_key(self, key: str) -> ClientKey | None:
+        """What is remembered of client key ``key`` (read anywhere; may be expired already)."""
+        entry = self.clients.get(key_digest(key))
+        return None if entry is None else ClientKey.unpack(entry)
 
     def queue_count(self, topic: str) -> int | None:
         queues = self.topics.get(topic)
@@ -478,8 +545,11 @@ class Store:
         sizes: list[int] = []
         qoffs: list[int] = []
         cq_keys: list[tuple[str, int]] = []
-        pending_idem: list[tuple[int, str, int, int]] = []  # (outcome idx, key, first msg, count)
+        # (outcome idx, batch, first msg, count)
+        pending_idem: list[tuple[int, cmdcodec.Batch, int, int]] = []
         seen_now: dict[str, int] = {}  # key -> index of its first outcome in this command
+        limits = cmd.idem or self.default_idem
+        self._expire_clients(cmd.propose_ms - limits.client_window_ms)
         repeats: list[tuple[int, int]] = []  # (outcome idx, outcome idx of the first occurrence)
         msg_at = 0
         byte_at = 0
@@ -491,17 +561,22 @@ class Store:
             byte_at += span_bytes
             if batch.key in seen_now:
                 # Repeated inside this command: its first occurrence is not remembered yet.
-                repeats.append((len(outcomes), seen_now[batch.key]))
-                outcomes.append(None)
+                first_idx = seen_now[batch.key]
+                if batch.fingerprint != cmd.batches[first_idx].fingerprint:
+                    outcomes.append(_reused(batch.key))
+                else:
+                    repeats.append((len(outcomes), first_idx))
+                    outcomes.append(None)
                 continue
-            if batch.key in self.idem:
-                outcomes.append(self._replay(batch.key))
+            seen = self._seen(batch, cmd.propose_ms, limits)
+            if seen is not None:
+                outcomes.append(seen)
                 continue
             seen_now[batch.key] = len(outcomes)
             failed = self._check_expect(batch.expect)
             if failed is not None:
                 outcomes.append(BatchOutcome(batch.key, CONDITION_FAILED, detail=failed))
-                self._remember(batch.key, (0, 0, CONDITION_FAILED))
+                self._remember(batch, cmd.propose_ms, limits, 0, 0, CONDITION_FAILED)
                 continue
             creates = batch.creates or {}
             bad = next(
@@ -511,7 +586,7 @@ class Store:
             if bad is not None:
                 detail = f"topic {topics[bad[0]]} has no queue {bad[1]}"
                 outcomes.append(BatchOutcome(batch.key, BAD_QUEUE, detail=detail))
-                self._remember(batch.key, (0, 0, BAD_QUEUE))
+                self._remember(batch, cmd.propose_ms, limits, 0, 0, BAD_QUEUE)
                 continue
             broken = applycheck.check_batch(
                 blob,
@@ -533,7 +608,7 @@ class Store:
                 )
                 self._count_rejection(index, f"{field}: {detail}")
                 outcomes.append(BatchOutcome(batch.key, REJECTED, detail=detail, field=field))
-                self._remember(batch.key, (0, 0, REJECTED))
+                self._remember(batch, cmd.propose_ms, limits, 0, 0, REJECTED)
                 continue
             for topic, n in creates.items():
                 if topic not in self.topics:
@@ -551,7 +626,7 @@ class Store:
                 sizes.append(size)
                 cq_keys.append((topics[tidx], qid))
             keep.append((start_byte, start_byte + span_bytes))
-            pending_idem.append((len(outcomes), batch.key, len(sizes) - len(span), len(span)))
+            pending_idem.append((len(outcomes), batch, len(sizes) - len(span), len(span)))
             outcomes.append(None)
         buf = (
             bytearray(blob)
@@ -563,14 +638,15 @@ class Store:
         end_len = self.commitlog.length
         # Outcomes of accepted batches, and their idempotency entries.
         want = self.want_results()
-        for out_idx, key, first_i, count in pending_idem:
+        for out_idx, batch, first_i, count in pending_idem:
             placed = (
                 _placed(buf, buf_at, phys, sizes, qoffs, cq_keys, range(first_i, first_i + count))
                 if want
                 else ()
             )
-            outcomes[out_idx] = BatchOutcome(key, OK, placed)
-            self._remember(key, (phys[first_i] if count else 0, count, OK))
+            outcomes[out_idx] = BatchOutcome(batch.key, OK, placed)
+            first_phys = phys[first_i] if count else 0
+            self._remember(batch, cmd.propose_ms, limits, first_phys, count, OK)
         for out_idx, first_idx in repeats:
             original = outcomes[first_idx]
             assert original is not None
@@ -608,14 +684,72 @@ class Store:
                 return f"{k} is {have!r}, expected {want!r}"
         return None
 
-    def _remember(self, key: str, entry: tuple[int, int, int]) -> None:
-        self.idem[key] = entry
-        while len(self.idem) > self.idempotency_window:
-            self.idem.popitem(last=False)
+    def _seen(
+        self, batch: cmdcodec.Batch, propose_ms: int, limits: cmdcodec.IdemLimits
+    ) -> BatchOutcome | None:
+        """The outcome of a batch whose key was applied before (within its window), else None."""
+        if batch.fingerprint is None:
+            entry = self.idem.get(batch.key)
+            return None if entry is None else self._replay(batch.key, *entry)
+        packed = self.clients.get(key_digest(batch.key))
+        if packed is not None:
+            known = ClientKey.unpack(packed)
+            if known.propose_ms > propose_ms - limits.client_window_ms:
+                if known.fingerprint != fingerprint_bytes(batch.fingerprint):
+                    return _reused(batch.key)
+                return self._replay(batch.key, known.physical_offset, known.count, known.status)
+            return None
+        # A key remembered before keys had fingerprints (a snapshot of version 2).
+        legacy = self.idem.get(batch.key)
+        return None if legacy is None else self._replay(batch.key, *legacy)
 
-    def _replay(self, key: str) -> BatchOutcome:
+    def _remember(
+        self,
+        batch: cmdcodec.Batch,
+        propose_ms: int,
+        limits: cmdcodec.IdemLimits,
+        phys: int,
+        count: int,
+        status: int,
+    ) -> None:
+        if batch.fingerprint is None:
+            self.idem[batch.key] = (phys, count, status)
+            while len(self.idem) > limits.internal_keys:
+                self.idem.popitem(last=False)
+            return
+        digest = key_digest(batch.key)
+        # An expired entry still held (behind a younger one) is replaced, at the end.
+        self.clients.pop(digest, None)
+        self.clients[digest] = CLIENT_ENTRY.pack(
+            digest, fingerprint_bytes(batch.fingerprint), propose_ms, phys, count, status
+        )
+        while len(self.clients) > max(limits.client_max_keys, 0):
+            self.clients.popitem(last=False)
+            if self.clients_evicted % 10_000 == 0:
+                log.warning(
+                    "%d client idempotency keys are held, the most idempotency_max_keys "
+                    "allows: the oldest are forgotten before idempotency_window_s ends, and a "
+                    "retry with a forgotten key is stored again (%d forgotten so far)",
+                    len(self.clients),
+                    self.clients_evicted + 1,
+                )
+            self.clients_evicted += 1
+
+    def _expire_clients(self, cutoff_ms: int) -> None:
+        """Forget client keys proposed at or before ``cutoff_ms``, oldest first.
+
+        Entries are in apply order; propose times from different leaders may step back a
+        little, so an entry behind a younger one waits, and lookups check each entry's time.
+        """
+        clients = self.clients
+        while clients:
+            first = next(iter(clients.values()))
+            if _PROPOSE_MS.unpack_from(first, 32)[0] > cutoff_ms:
+                return
+            clients.popitem(last=False)
+
+    def _replay(self, key: str, phys: int, count: int, status: int) -> BatchOutcome:
         """The outcome of a batch applied before, rebuilt from the CommitLog."""
-        phys, count, status = self.idem.get(key, (0, 0, OK))
         if status != OK or count == 0:
             return BatchOutcome(key, status, duplicate=True, detail="repeated request")
         placed: list[Placed] = []
@@ -651,6 +785,7 @@ class Store:
                 "topics": self.topics,
                 "kv": self.kv,
                 "idem": [[k, *v] for k, v in self.idem.items()],
+                "clients": base64.b64encode(b"".join(self.clients.values())).decode(),
                 "tail_from": tail_from,
                 "tail_digest": self._range_digest(tail_from, length),
                 "raft": raft,
@@ -683,7 +818,7 @@ class Store:
         if hashlib.sha256(payload).digest() != digest:
             raise StoreCorruption("snapshot fails its hash")
         snap = orjson.loads(payload)
-        if snap.get("v") not in (1, SNAPSHOT_VERSION):
+        if snap.get("v") not in (1, 2, SNAPSHOT_VERSION):
             raise StoreCorruption(f"snapshot version {snap.get('v')} is not supported")
         return snap
 
@@ -780,6 +915,7 @@ class Store:
         self.topics = topics
         self.kv = dict(snap["kv"])
         self.idem = OrderedDict((k, (p, n, s)) for k, p, n, s in snap["idem"])
+        self.clients = _clients_from(snap.get("clients", ""))
         self.applied_index = int(snap["index"])
         self.applied_length = length
         self.settled = True
@@ -892,6 +1028,7 @@ class Store:
         self.topics = {}
         self.kv = {}
         self.idem = OrderedDict()
+        self.clients = OrderedDict()
         self._chain = Chain()
         self.applied_index = 0
         self.applied_length = 0
@@ -907,6 +1044,25 @@ class Store:
                     log.exception("closing apply extension %s failed", ext.name)
         self.cqs.close()
         self.commitlog.close()
+
+
+def _reused(key: str) -> BatchOutcome:
+    return BatchOutcome(
+        key,
+        KEY_REUSED,
+        detail="this Idempotency-Key was used with a different request within the idempotency window",
+    )
+
+
+def _clients_from(text: str) -> OrderedDict[bytes, bytes]:
+    """Client keys from a snapshot's ``clients`` field (empty before version 3)."""
+    data = base64.b64decode(text)
+    size = CLIENT_ENTRY.size
+    if len(data) % size:
+        raise StoreCorruption(
+            f"snapshot's client keys are {len(data)} bytes, not a multiple of {size}"
+        )
+    return OrderedDict((data[i : i + 16], data[i : i + size]) for i in range(0, len(data), size))
 
 
 def encode_entry(entry: tuple[bytes, int, int]) -> list[object]:

@@ -71,6 +71,7 @@ def state(s: Store) -> dict[str, object]:
         "topics": copy.deepcopy(s.topics),
         "kv": dict(s.kv),
         "idem": list(s.idem.items()),
+        "clients": list(s.clients.items()),
         "commitlog": commitlog_bytes(s.data_dir / "commitlog"),
         "consumequeue": tree_bytes(s.data_dir / "consumequeue"),
     }
@@ -456,7 +457,7 @@ def _corruptions(data: bytes) -> list[tuple[str, bytes]]:
     bad_hash[20] ^= 1
     bad_magic = b"CMQSNAP2" + data[8:]
     head = struct.Struct(">8sQ32s")
-    v3 = orjson.dumps({"v": 3})
+    v3 = orjson.dumps({"v": store_module.SNAPSHOT_VERSION + 1})
     return [
         ("flipped payload", bytes(flipped)),
         ("bad hash", bytes(bad_hash)),
