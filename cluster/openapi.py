@@ -84,7 +84,10 @@ _TOPIC = {
 # (method, path): (summary, request schema or None, 200 response schema, query parameters)
 _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
     ("POST", "/v1/topics/{topic}/messages"): (
-        "Produce messages (any node; followers forward to the leader). Optional Idempotency-Key header.",
+        "Produce messages (any node; followers forward to the leader). Optional "
+        "Idempotency-Key header, scoped to the topic: a replay within idempotency_window_s "
+        "answers the first placement, the same key with another request 422 "
+        "idempotency_key_reused. System topics and reserved property names answer 400.",
         {
             "type": "object",
             "required": ["messages"],
