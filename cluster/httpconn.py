@@ -268,6 +268,12 @@ class ConnectionGuard:
                     "(http_body_timeout_ms)",
                 ).response()
                 resp.force_close()
+                # Sent here, then the connection closed: aiohttp would otherwise linger for
+                # the rest of the body.
+                await resp.prepare(request)
+                await resp.write_eof()
+                if request.transport is not None:
+                    request.transport.close()
                 return resp
         return await handler(request)
 
