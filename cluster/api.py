@@ -467,7 +467,7 @@ async def leadership_transfer(request: web.Request) -> web.Response:
         forwarded = await forward_to_leader(request)
         if forwarded is not None:
             return forwarded
-    body = await read_json(request) if request.can_read_body else {}
+    body = await read_json(request) if request.body_exists else {}
     if not isinstance(body, dict):
         raise bad_request('the body must be an object, e.g. {"to": 1}', "body")
     target = body.get("to")

@@ -76,7 +76,7 @@ class Broker:
         # Every request to another node goes through here: it attaches the token only for
         # members' URLs.
         self.peer_client = PeerHttp.for_node(config, lambda: [p.http for p in self.peers()])
-        self.waiters = QueueWaiters(raftlog.store.max_offset)
+        self.waiters = QueueWaiters(lambda t, q: self.raftlog.store.max_offset(t, q))
         self._pull_pool: ThreadPoolExecutor | None = None
         self.offloaded_pulls = 0
         # The HTTP connection guard (cluster.httpconn), set by the app, for node_status.
