@@ -10,26 +10,30 @@ needs the bearer token (:mod:`cluster.auth`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from cluster import reserved
 from cluster.auth import auth_middleware
 from cluster.broker import Broker
 from cluster.config import ConfigError, host_port_problem, http_url_problem
 from cluster.errors import ApiError, bad_request, from_exception
+from cluster.httpconn import ConnectionGuard, HttpLimits
 
 log = logging.getLogger(__name__)
 
 BROKER: web.AppKey[Broker] = web.AppKey("broker", Broker)
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", object)  # type: ignore[arg-type]
+CONNECTIONS: web.AppKey[ConnectionGuard] = web.AppKey("connections", ConnectionGuard)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _FORWARD_HEADERS = ("Idempotency-Key", "Content-Type")
@@ -95,6 +99,39 @@ class Metrics:
         self.inflight.set(st["inflight_commands"])
         for collect in self.collectors:
             collect()
+
+
+class _BoundsCollector:
+    """Long-poll waiters, pull reads moved off the loop, and the HTTP connection guard."""
+
+    def __init__(self, broker: Broker, guard: ConnectionGuard) -> None:
+        self._broker = broker
+        self._guard = guard
+
+    def collect(self) -> Iterator[Metric]:
+        b, g = self._broker, self._guard
+        yield GaugeMetricFamily(
+            "chronomq_pull_waiters", "Long-polling pulls waiting now", value=b.waiters.waiting
+        )
+        yield CounterMetricFamily(
+            "chronomq_pull_offloaded_reads",
+            "Pull pages read on the pull executor (larger than the inline limit)",
+            value=b.offloaded_pulls,
+        )
+        yield GaugeMetricFamily(
+            "chronomq_http_connections", "Open HTTP connections", value=g.open_connections
+        )
+        for name, what in (
+            ("refused", "refused at max_http_connections (all busy)"),
+            ("displaced", "closed at max_http_connections to admit a new one"),
+            ("header_timeouts", "closed for missing http_header_timeout_ms"),
+            ("body_timeouts", "answered 408 for missing http_body_timeout_ms"),
+        ):
+            yield CounterMetricFamily(
+                f"chronomq_http_connections_{name}",
+                f"HTTP connections {what}",
+                value=getattr(g, name),
+            )
 
 
 # ---------------------------------------------------------------------- middlewares
@@ -262,9 +299,41 @@ async def pull(request: web.Request) -> web.Response:
     offset = int_param(request, "offset", 0, 0, 2**62)
     max_messages = int_param(request, "max", 32, 1, cfg.max_pull_messages)
     wait_ms = int_param(request, "wait_ms", 0, 0, cfg.max_wait_ms)
-    result = await broker.pull(request.match_info["topic"], queue, offset, max_messages, wait_ms)
-    request.app[METRICS].consumed.inc(len(result["messages"]))
-    return json_response(result)
+    async with client_gone(request, wait_ms) as gone:
+        page, max_offset = await broker.pull(
+            request.match_info["topic"], queue, offset, max_messages, wait_ms, gone
+        )
+    request.app[METRICS].consumed.inc(len(page.messages))
+    return web.Response(body=page.answer(max_offset), content_type="application/json")
+
+
+@contextlib.asynccontextmanager
+async def client_gone(
+    request: web.Request, wait_ms: int
+) -> AsyncIterator[asyncio.Future[None] | None]:
+    """A future resolved when the client of a long-poll goes away. The connection guard
+    knows at once; under a server without it (tests) the transport is looked at twice a
+    second."""
+    if not wait_ms:
+        yield None
+        return
+    gone = request.app[CONNECTIONS].gone(request)
+    if gone is not None:
+        yield gone
+        return
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def watch() -> None:
+        while request.transport is not None and not request.transport.is_closing():
+            await asyncio.sleep(0.5)
+        fut.set_result(None)
+
+    task = asyncio.create_task(watch())
+    try:
+        yield fut
+    finally:
+        task.cancel()
+        fut.cancel()
 
 
 async def describe_topic(request: web.Request) -> web.Response:
@@ -398,7 +467,7 @@ async def leadership_transfer(request: web.Request) -> web.Response:
         forwarded = await forward_to_leader(request)
         if forwarded is not None:
             return forwarded
-    body = await read_json(request) if request.can_read_body else {}
+    body = await read_json(request) if request.body_exists else {}
     if not isinstance(body, dict):
         raise bad_request('the body must be an object, e.g. {"to": 1}', "body")
     target = body.get("to")
@@ -522,16 +591,24 @@ def add_routes(app: web.Application) -> None:
 
 
 def create_app(broker: Broker) -> web.Application:
+    limits = HttpLimits.from_config(broker.config)
+    guard = ConnectionGuard(limits)
     app = web.Application(
         client_max_size=broker.config.max_request_bytes,
+        handler_args=limits.handler_args(),
         middlewares=[
+            guard.arrival,
             metrics_middleware,
             error_middleware,
             auth_middleware(broker.config.auth_token, metrics_public=broker.config.metrics_public),
+            guard.body,
         ],
     )
     app[BROKER] = broker
     app[METRICS] = Metrics()
+    app[CONNECTIONS] = guard
+    broker.connections = guard
+    app[METRICS].registry.register(_BoundsCollector(broker, guard))
     app[CONFIG_HOOKS] = []
 
     async def broker_ctx(app: web.Application) -> Any:

@@ -16,7 +16,7 @@ import itertools
 import logging
 import time
 from collections.abc import Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import aiohttp
@@ -25,6 +25,14 @@ from cluster import idempotency, reserved
 from cluster.config import NodeConfig, Peer
 from cluster.errors import ApiError, bad_request
 from cluster.peerhttp import PeerHttp
+from cluster.pull import (
+    INLINE_READ_BYTES,
+    READ_THREADS,
+    PullPage,
+    QueueWaiters,
+    plan_units,
+    read_page,
+)
 from raftlog import record
 from raftlog.errors import UnknownTopic
 from raftlog.node import NewMessage, RaftLog
@@ -44,30 +52,6 @@ _DELAY_FIELDS = ("delay_level", "delay_ms", "deliver_at_ms")
 
 def group_offset_key(group: str, topic: str, queue: int) -> str:
     return f"{GROUP_OFFSET_PREFIX}{group}/{topic}/{queue}"
-
-
-def message_json(m: record.Message) -> dict[str, Any]:
-    props = dict(m.properties)
-    keys = props.pop(record.PROPERTY_KEYS, "")
-    tags = props.pop(record.PROPERTY_TAGS, None)
-    out: dict[str, Any] = {
-        "msg_id": m.msg_id_hex,
-        "topic": m.topic,
-        "queue": m.queue_id,
-        "offset": m.queue_offset,
-        "keys": keys.split(" ") if keys else [],
-        "tags": tags,
-        "properties": props,
-        "born_ms": m.born_ms,
-        "store_ms": m.store_ms,
-        "reconsume_times": m.reconsume_times,
-    }
-    try:
-        out["body"] = m.body.decode()
-    except UnicodeDecodeError:
-        out["body"] = None
-        out["body_base64"] = base64.b64encode(m.body).decode()
-    return out
 
 
 def _member(pid: int, value: str) -> Peer:
@@ -93,8 +77,11 @@ class Broker:
         # Every request to another node goes through here: it attaches the token only for
         # members' URLs.
         self.peer_client = PeerHttp.for_node(config, lambda: [p.http for p in self.peers()])
-        self._applied = asyncio.Event()
-        self._waiters = 0
+        self.waiters = QueueWaiters(lambda t, q: self.raftlog.store.max_offset(t, q))
+        self._pull_pool: ThreadPoolExecutor | None = None
+        self.offloaded_pulls = 0
+        # The HTTP connection guard (cluster.httpconn), set by the app, for node_status.
+        self.connections: Any = None
         self._rr: dict[str, itertools.count[int]] = {}
         self.last_election_ms: float | None = None
         self.leader_changes: collections.deque[dict[str, Any]] = collections.deque(maxlen=100)
@@ -112,7 +99,8 @@ class Broker:
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
-        self._applied = asyncio.Event()
+        self.waiters.bind(self.loop)
+        self._pull_pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="pull-read")
         await self.peer_client.start()
         self._monitor = asyncio.create_task(self._watch_leader())
 
@@ -122,6 +110,8 @@ class Broker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._monitor
         await self.peer_client.close()
+        if self._pull_pool is not None:
+            self._pull_pool.shutdown(wait=False, cancel_futures=True)
 
     async def _watch_leader(self) -> None:
         """Note when this node loses sight of the leader and how long until it knows a new one."""
@@ -164,22 +154,14 @@ class Broker:
     # ------------------------------------------------------------------ waking consumers
 
     def _on_apply(self, result: ApplyResult) -> None:
-        # Raft thread. Only cross to the loop when someone is waiting.
-        if self._waiters and result.messages and self.loop is not None:
-            self.loop.call_soon_threadsafe(self._pulse)
-
-    def _pulse(self) -> None:
-        self._applied.set()
-        self._applied = asyncio.Event()
-
-    async def wait_applied(self, timeout_s: float) -> None:
-        self._waiters += 1
-        try:
-            await asyncio.wait_for(self._applied.wait(), timeout_s)
-        except TimeoutError:
-            pass
-        finally:
-            self._waiters -= 1
+        # Raft thread. Only cross to the loop when someone waits, and wake only the queues
+        # written to; an extension's deliveries do not say where they went, so the loop looks.
+        if not self.waiters.waiting or not result.messages:
+            return
+        if result.outcomes:
+            self.waiters.applied((p.topic, p.queue_id) for o in result.outcomes for p in o.placed)
+        else:
+            self.waiters.grown()
 
     # ------------------------------------------------------------------ leader and peers
 
@@ -459,22 +441,60 @@ class Broker:
     # ------------------------------------------------------------------ consume
 
     async def pull(
-        self, topic: str, queue: int, offset: int, max_messages: int, wait_ms: int
-    ) -> dict[str, Any]:
+        self,
+        topic: str,
+        queue: int,
+        offset: int,
+        max_messages: int,
+        wait_ms: int,
+        gone: asyncio.Future[None] | None = None,
+    ) -> tuple[PullPage, int]:
+        """A page of at most ``max_pull_bytes`` (at least one message) and the queue's end.
+
+        With ``wait_ms`` it waits for a message on this queue, until the deadline or until
+        ``gone`` (the client's connection is lost) resolves.
+        """
         store = self.raftlog.store
         self.check_queue(topic, queue)
-        deadline = time.monotonic() + wait_ms / 1000
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000
         while True:
-            msgs = store.read_messages(topic, queue, offset, max_messages)
-            if msgs or time.monotonic() >= deadline:
-                break
-            await self.wait_applied(min(deadline - time.monotonic(), 1.0))
-        next_offset = msgs[-1].queue_offset + 1 if msgs else max(offset, 0)
-        return {
-            "messages": [message_json(m) for m in msgs],
-            "next_offset": next_offset,
-            "max_offset": store.max_offset(topic, queue),
-        }
+            left = deadline - loop.time()
+            if left <= 0 or (gone is not None and gone.done()):
+                return await self._read_page(topic, queue, offset, max_messages), store.max_offset(
+                    topic, queue
+                )
+            woken = self.waiters.register(topic, queue, store.max_offset(topic, queue))
+            try:
+                page = await self._read_page(topic, queue, offset, max_messages)
+                if page.messages:
+                    return page, store.max_offset(topic, queue)
+                await asyncio.wait(
+                    [woken] if gone is None else [woken, gone],
+                    timeout=left,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                self.waiters.release(topic, queue)
+            if gone is not None and gone.done():
+                return PullPage((), max(offset, 0)), store.max_offset(topic, queue)
+
+    async def _read_page(self, topic: str, queue: int, offset: int, max_messages: int) -> PullPage:
+        store = self.raftlog.store
+        units = plan_units(
+            store.read_units(topic, queue, offset, max_messages), self.config.max_pull_bytes
+        )
+        if sum(u.size for u in units) <= INLINE_READ_BYTES or self._pull_pool is None:
+            return read_page(store.commitlog, units, offset, self.config.max_pull_bytes)
+        self.offloaded_pulls += 1
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pull_pool,
+            read_page,
+            store.commitlog,
+            units,
+            offset,
+            self.config.max_pull_bytes,
+        )
 
     def queue_count(self, topic: str) -> int:
         """The topic's queue count; 404 naming ``topic`` when it does not exist."""
@@ -673,6 +693,9 @@ class Broker:
             "client_idempotency_keys": len(self.raftlog.store.clients),
             "client_idempotency_keys_evicted": self.raftlog.store.clients_evicted,
             "last_election_ms": self.last_election_ms,
+            "pull_waiters": self.waiters.waiting,
+            "pull_waited_queues": self.waiters.queues,
+            "http_connections": self.connections.stats() if self.connections else None,
             "leader_changes": list(self.leader_changes)[-5:],
             "reachable": True,
         }

@@ -130,6 +130,55 @@ KEYS: tuple[Key, ...] = (
     ),
     Key("max_pull_messages", int, 1000, "Most messages one pull returns.", min=1, max=100_000),
     Key("max_wait_ms", int, 30_000, "Longest long-poll a pull may ask for.", min=0, max=300_000),
+    Key(
+        "max_pull_bytes",
+        int,
+        4 * 1024 * 1024,
+        "Largest pull answer in bytes: a pull returns messages until the next would take the "
+        "JSON answer past this, but always at least one (so a single message larger than this "
+        "is still returned alone).",
+        min=1024,
+        max=256 * 1024 * 1024,
+    ),
+    # HTTP server limits.
+    Key(
+        "max_http_connections",
+        int,
+        1024,
+        "Open HTTP connections this node serves at once. At the limit a new connection "
+        "displaces the oldest one that has not yet sent a complete request; when every open "
+        "connection is inside a request, the new one is answered 503 and closed. Keep it under "
+        "the process's open-file limit.",
+        min=1,
+        max=1_000_000,
+    ),
+    Key(
+        "http_header_timeout_ms",
+        int,
+        5_000,
+        "A new HTTP connection that has not sent the complete headers of its first request "
+        "within this is closed (slow or idle clients cannot hold connections).",
+        min=100,
+        max=600_000,
+    ),
+    Key(
+        "http_body_timeout_ms",
+        int,
+        30_000,
+        "A request body must arrive in full within this after its headers, or the answer is "
+        "408 and the connection is closed.",
+        min=100,
+        max=3_600_000,
+    ),
+    Key(
+        "http_keepalive_timeout_ms",
+        int,
+        30_000,
+        "An HTTP connection idle this long after a response is closed; the next request's "
+        "headers must be complete within it.",
+        min=100,
+        max=3_600_000,
+    ),
     Key("auto_create_topic", bool, True, "Create a topic on its first produce."),
     Key("default_topic_queues", int, 4, "Queues of an auto-created topic.", min=1, max=1024),
     # Group commit and Raft.

@@ -19,9 +19,10 @@ import orjson
 from aiohttp import web
 
 from cluster import logs, malloc, reserved, tls
-from cluster.api import CONFIG_HOOKS, METRICS, create_app
+from cluster.api import CONFIG_HOOKS, CONNECTIONS, METRICS, create_app
 from cluster.broker import Broker
 from cluster.config import ConfigError, NodeConfig, load
+from cluster.httpconn import GuardedSite
 from cluster.nodelogs import NodeLogs
 from cluster.nodelogs import install_metrics as install_log_metrics
 from cluster.services import close_services, start_services
@@ -66,8 +67,8 @@ async def serve(
     install_log_metrics(app[METRICS].registry, node_logs)
     runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=5.0)
     await runner.setup()
-    site = web.TCPSite(
-        runner, config.http_host, config.http_port, reuse_address=True, ssl_context=ssl_context
+    site = GuardedSite(
+        runner, config.http_host, config.http_port, app[CONNECTIONS], ssl_context=ssl_context
     )
     try:
         await site.start()

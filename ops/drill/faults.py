@@ -22,6 +22,7 @@ A fault that cannot run here (no root for partitions) is skipped with a message,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import signal
 import time
@@ -79,10 +80,51 @@ class FaultContext:
     healers: list[Callable[[], None]] = field(default_factory=list)
 
     async def leader(self) -> int:
-        return await asyncio.to_thread(self.cluster.wait_leader, 30)
+        return await wait_leader(self.cluster, 30)
 
     def others(self, i: int) -> list[int]:
         return [j for j in range(self.cluster.n) if j != i]
+
+
+# The cluster's waits block; run them on threads in slices of a second or two. A cancelled
+# drill (Ctrl-C) leaves asyncio.run() only once every thread it started has returned, so a
+# 60 s wait on a thread would hold Ctrl-C for up to 60 s.
+_SLICE_S = 2.0
+
+
+async def wait_leader(cluster: LocalCluster, timeout_s: float) -> int:
+    """:meth:`LocalCluster.wait_leader` (the leader, once every node knows it or the time is
+    up), waiting on threads at most :data:`_SLICE_S` at a time."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no leader within {timeout_s} s")
+        with contextlib.suppress(TimeoutError):
+            leader = await asyncio.to_thread(cluster.wait_leader, min(left, _SLICE_S))
+            break
+    while time.monotonic() < deadline:
+        try:
+            await asyncio.to_thread(
+                cluster.wait_all_know_leader, min(deadline - time.monotonic(), _SLICE_S)
+            )
+            break
+        except TimeoutError:
+            continue
+    return leader
+
+
+async def wait_converged(cluster: LocalCluster, timeout_s: float) -> None:
+    """:meth:`LocalCluster.wait_converged`, on threads at most :data:`_SLICE_S` at a time."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            await asyncio.to_thread(cluster.wait_converged, max(0.1, min(left, _SLICE_S)))
+            return
+        except TimeoutError:
+            if time.monotonic() >= deadline:
+                raise
 
 
 async def inject(name: str, ctx: FaultContext) -> dict[str, Any]:

@@ -111,7 +111,7 @@ async def _drill(
             deadline_s=10,
             request_timeout_s=2.5,
         ) as client:
-            await asyncio.to_thread(cluster.wait_leader, 60)
+            await faultlib.wait_leader(cluster, 60)
             kinds = ["plain", "level", "timer"]
             if not await _timers_supported(client):
                 _progress("this broker does not accept timers (deliver_at_ms); skipping them")
@@ -155,13 +155,15 @@ async def _drill(
             _progress(f"seed {args.seed}; faults in order: {', '.join(order) or 'none'}")
             producing = asyncio.create_task(workload.run_producers(args.duration))
             started = time.monotonic()
+            ran: list[str] = []
             await asyncio.sleep(WARMUP_S)
             try:
                 for name in order:
                     if time.monotonic() - started > args.duration:
                         break
                     await faultlib.inject(name, ctx)
-                    await asyncio.to_thread(cluster.wait_leader, 60)
+                    ran.append(name)
+                    await faultlib.wait_leader(cluster, 60)
                     await asyncio.sleep(QUIET_S)
             except (RuntimeError, TimeoutError) as exc:
                 # A node that exits by itself, or a cluster that stays leaderless, ends the
@@ -177,24 +179,31 @@ async def _drill(
             drain_deadline = time.monotonic() + 60
             while workload.outstanding() and time.monotonic() < drain_deadline:
                 await asyncio.sleep(0.2)
-            # Room for a late duplicate to show up before judging.
-            await asyncio.sleep(1.0)
+            # A late duplicate must show up before judging: a sentinel per queue, written after
+            # everything else, and the consumers reading past it, say the queues were read to
+            # their ends.
+            await workload.read_past_sentinels(deadline_s=30)
             stop_consumers.set()
             await asyncio.gather(*consumers, return_exceptions=True)
             try:
-                await asyncio.to_thread(cluster.wait_converged, 60)
+                await faultlib.wait_converged(cluster, 60)
                 result["replicas_converged"] = True
             except TimeoutError as exc:
                 result["replicas_converged"] = False
                 _progress(f"replicas differ: {exc}")
             result["skipped_faults"] = skipped
-            result["faults_run"] = order
+            result["faults_planned"] = order
+            result["faults_run"] = ran
             result["skew_allowance_ms"] = ctx.skew_ms + 50 if ctx.skew_ms else 0
     finally:
         history.close()
         if events is not None:
             events.close()
     return result
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -223,8 +232,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.skew_ready
         else None,
     )
-    previous = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # Ctrl-C and SIGTERM stop the drill and everything it started, whatever the drill
+    # inherited: started in the background by a non-interactive shell (as a CI script may
+    # be), a process begins with SIGINT ignored, Python keeps it so, and asyncio.run() then
+    # installs no handler, so SIGINT did nothing and the drill ran its faults to the end.
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         if network is not None:
             network.setup()
@@ -238,7 +250,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cluster.stop()
         if network is not None:
             network.teardown()
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     checked = check(
         read_history(out / "history.jsonl"), skew_allowance_ms=extra["skew_allowance_ms"]
     )

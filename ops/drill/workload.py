@@ -188,6 +188,24 @@ class Workload:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    async def read_past_sentinels(self, deadline_s: float) -> bool:
+        """Write a plain message to every queue, after everything else, and wait until the
+        consumers have read each: then every queue was read to where it ended when the
+        sentinels were written (a duplicate written before them has been seen). False when a
+        sentinel was not acknowledged or not read in time."""
+        tokens = []
+        for q in range(QUEUES):
+            answer = await self.produce_one("plain", {"queue": q})
+            if answer is None:
+                return False
+            tokens.append(answer["token"])
+        deadline = time.monotonic() + deadline_s
+        while not self.seen.issuperset(tokens):
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
     def outstanding(self) -> int:
         """Acknowledged messages not yet seen (cancelled timers excluded)."""
         return len(self.acknowledged - self.cancelled - self.seen)
