@@ -19,6 +19,7 @@ Facts this relies on (pysyncobj 0.3.17):
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -62,6 +63,22 @@ def _fatal(message: str) -> None:
     log.critical("%s: exiting so the node restarts from its files", message)
     logging.shutdown()
     os._exit(EXIT_STORE_FAULT)
+
+
+def _storage_fault(exc: OSError, data_dir: object) -> str:
+    """What the operator reads when apply hits a local storage fault."""
+    where = exc.filename or data_dir
+    if exc.errno == errno.ENOSPC:
+        return (
+            f"no space left on device writing {where}: this node stops; the other nodes "
+            f"keep serving. Free space on the disk of {data_dir} (or lower "
+            "file_reserved_time_h, or grow the disk), then start this node again: it "
+            "catches up from the leader"
+        )
+    return (
+        f"storage fault writing {where} ({exc.strerror or exc}): this node stops; the other "
+        f"nodes keep serving. Check the disk of {data_dir}, then start this node again"
+    )
 
 
 def _addr(hostport: str) -> tuple[str, int]:
@@ -243,6 +260,9 @@ class ReplicatedLog(SyncObj):
         started = time.monotonic()
         try:
             return self._store.apply(data, self.raftLastApplied + 1)
+        except OSError as exc:
+            log.exception("apply failed at index %d", self.raftLastApplied + 1)
+            _fatal(_storage_fault(exc, self._store.data_dir))
         except Exception as exc:  # a failed apply would leave this replica diverged
             log.exception("apply failed at index %d", self.raftLastApplied + 1)
             _fatal(f"apply failed: {exc}")
