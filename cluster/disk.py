@@ -47,6 +47,11 @@ from timer.hold import TimerHold
 log = logging.getLogger(__name__)
 
 SAMPLE_INTERVAL_S = 1.0
+#: Within this fraction of the warning level the disk is sampled ten times as often.
+NEAR_MARGIN = 0.10
+#: Bytes this node writes per CommitLog byte (the CommitLog and the Raft journal): the guard
+#: adds the writes since the last sample to it, so a burst between samples counts.
+WRITE_AMPLIFICATION = 2
 RETENTION_INTERVAL_S = 2.0
 #: ``(applied index, needed offset)`` pairs kept while waiting for a snapshot to pass them.
 HISTORY_MAX = 256
@@ -73,28 +78,50 @@ class DiskGauge:
         path: str | os.PathLike[str],
         *,
         interval_s: float = SAMPLE_INTERVAL_S,
+        near_ratio: float = 1.0,
+        written: Callable[[], int] = lambda: 0,
         statvfs: Callable[[str], Any] = os.statvfs,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``near_ratio``: above it, sample every ``interval_s / 10``. ``written``: a running
+        count of bytes this node wrote, read at each sample (see :meth:`projected_ratio`)."""
         self._path = os.fspath(path)
         self._interval_s = interval_s
+        self._near_ratio = near_ratio
+        self._written = written
         self._statvfs = statvfs
         self._clock = clock
         self._lock = threading.Lock()
         self._at = float("-inf")
         self._usage = DiskUsage(0, 0)
+        self._written_at_sample = 0
+        self.samples = 0
 
     def sample(self) -> DiskUsage:
         now = self._clock()
         with self._lock:
-            if now - self._at >= self._interval_s:
+            interval = self._interval_s
+            if self._usage.used_ratio >= self._near_ratio:
+                interval /= 10
+            if now - self._at >= interval:
                 try:
                     st = self._statvfs(self._path)
                     self._usage = DiskUsage(st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize)
+                    self._written_at_sample = self._written()
+                    self.samples += 1
                 except OSError as exc:
                     log.warning("statvfs of %s failed: %s", self._path, exc)
                 self._at = now
             return self._usage
+
+    def projected_ratio(self) -> float:
+        """The used ratio of the last sample plus what this node wrote since (times
+        :data:`WRITE_AMPLIFICATION`): no system call."""
+        usage = self.sample()
+        if usage.total_bytes <= 0:
+            return 0.0
+        grown = max(0, self._written() - self._written_at_sample) * WRITE_AMPLIFICATION
+        return min(1.0, usage.used_ratio + grown / usage.total_bytes)
 
 
 def chain_floor(length: int) -> int:
@@ -116,7 +143,11 @@ class DiskService:
         self.store: Store = raftlog.store
         self.raftlog = raftlog
         self.broker = broker
-        self.gauge = DiskGauge(config.data_dir)
+        self.gauge = DiskGauge(
+            config.data_dir,
+            near_ratio=config.disk_space_warning_level_ratio - NEAR_MARGIN,
+            written=lambda: self.store.commitlog.length,
+        )
         self._timer_hold = TimerHold()
         self._history: collections.deque[tuple[int, int | None]] = collections.deque()
         self._stop = threading.Event()
@@ -143,13 +174,13 @@ class DiskService:
     def check_produce(self) -> None:
         """507 ``disk_full`` when the data directory is above the warning level."""
         limit = self.config.disk_space_warning_level_ratio
-        usage = self.gauge.sample()
-        if usage.used_ratio > limit:
+        used = self.gauge.projected_ratio()
+        if used > limit:
             self.rejected += 1
             raise ApiError(
                 507,
                 "disk_full",
-                f"the data directory is {usage.used_ratio:.1%} full, above "
+                f"the data directory is {used:.1%} full, above "
                 f"disk_space_warning_level_ratio {limit}: produce is refused until retention "
                 "frees space or the disk grows; delivery and consumption go on",
                 None,
@@ -242,7 +273,8 @@ class DiskService:
             "warning_level_ratio": self.config.disk_space_warning_level_ratio,
             "max_used_space_ratio": self.config.disk_max_used_space_ratio,
             "file_reserved_time_h": self.config.file_reserved_time_h,
-            "produce_refused": usage.used_ratio > self.config.disk_space_warning_level_ratio,
+            "produce_refused": self.gauge.projected_ratio()
+            > self.config.disk_space_warning_level_ratio,
             "produce_rejections": self.rejected,
             "commitlog_min_offset": commitlog.min_offset,
             "commitlog_max_offset": commitlog.length,

@@ -165,7 +165,15 @@ class ReplicatedLog(SyncObj):
     def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802, N803 - pysyncobj's names
         self.ticks.begin()
         # Committed entries still to apply: read the network and go on at once.
-        super()._onTick(0.0 if self._apply_behind else timeToWait)
+        try:
+            super()._onTick(0.0 if self._apply_behind else timeToWait)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EIO, errno.EDQUOT):
+                raise
+            # pysyncobj's journal could not be written: logging and ticking on would leave
+            # the node wedged, neither serving nor saying why.
+            log.exception("the Raft journal could not be written")
+            _fatal(_storage_fault(exc, self._store.data_dir))
         report = self.ticks.end()
         if report is not None:
             log.warning("%s", report.describe(self.ticks.slow_ms))
