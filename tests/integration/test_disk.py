@@ -92,7 +92,13 @@ async def read_all(client: Client, url: str, topic: str) -> dict[str, dict[str, 
 async def test_produce_answers_507_before_the_disk_fills_and_nothing_acknowledged_is_lost(
     cluster_on: Any,
 ) -> None:
-    cluster = cluster_on(commitlog_segment_bytes=1 << 20)
+    # All three nodes share one 64 MiB disk here, so each writes what the others write: the
+    # margin above the warning level must hold about a second of the whole cluster's writes.
+    cluster = cluster_on(
+        commitlog_segment_bytes=1 << 20,
+        disk_space_warning_level_ratio=0.6,
+        disk_max_used_space_ratio=0.5,
+    )
     cluster.wait_leader()
     body = "x" * 4000
     acked: set[str] = set()
@@ -127,7 +133,7 @@ async def test_produce_answers_507_before_the_disk_fills_and_nothing_acknowledge
         for url in cluster.urls:
             status = await node(client, url)
             disk = status["disk"]
-            assert disk["used_ratio"] > 0.9 and disk["produce_refused"]
+            assert disk["used_ratio"] > 0.5 and disk["produce_refused"]
             assert disk["free_bytes"] > 0
             served = await read_all(client, url, TOPIC)
             missing = acked - served.keys()
