@@ -622,4 +622,9 @@ def create_app(broker: Broker) -> web.Application:
 
     api_schedule.install_metrics(app)
     api_timer.install_metrics(app)
+    if broker.disk is not None:
+        from cluster.disk import install_metrics as install_disk_metrics
+
+        metrics = app[METRICS]
+        install_disk_metrics(metrics.registry, metrics.collectors, broker.disk)
     return app

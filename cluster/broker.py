@@ -91,6 +91,8 @@ class Broker:
         # Leader-only services, set by cluster.services when they run on this node.
         self.schedule: Any = None
         self.timer: Any = None
+        # CommitLog retention and the produce guard (cluster.disk), set by cluster.services.
+        self.disk: Any = None
         # Structured ops logs (replication, latency, events), set by the server when enabled.
         self.logs: Any = None
         raftlog.add_apply_listener(self._on_apply)
@@ -393,6 +395,8 @@ class Broker:
         return next(rr) % n
 
     async def produce(self, topic: str, raw: Any, idempotency_key: str | None) -> dict[str, Any]:
+        if self.disk is not None:
+            self.disk.check_produce()  # 507 disk_full before anything is proposed
         messages, extras, store_ms = self.parse_messages(topic, raw)
         # A client's key is scoped to the topic: the same key sent to another topic is another
         # request, not a replay of the first one's placement. Within the topic it is bound to
@@ -515,7 +519,11 @@ class Broker:
         return {
             "topic": topic,
             "queues": [
-                {"queue": q, "min_offset": 0, "max_offset": store.max_offset(topic, q)}
+                {
+                    "queue": q,
+                    "min_offset": store.min_offset(topic, q),
+                    "max_offset": store.max_offset(topic, q),
+                }
                 for q in range(n)
             ],
         }
@@ -697,6 +705,7 @@ class Broker:
             "pull_waited_queues": self.waiters.queues,
             "http_connections": self.connections.stats() if self.connections else None,
             "leader_changes": list(self.leader_changes)[-5:],
+            "disk": None if self.disk is None else self.disk.stats(),
             "reachable": True,
         }
 

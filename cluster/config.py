@@ -105,6 +105,36 @@ KEYS: tuple[Key, ...] = (
         max=1 << 32,
     ),
     Key(
+        "file_reserved_time_h",
+        float,
+        72.0,
+        "Hours a CommitLog segment is kept after its last write (RocketMQ's fileReservedTime; "
+        "fractions allowed). Older whole segments are deleted, never one holding a message "
+        "still waiting in a delay level or the timer wheel.",
+        min=0.0,
+        max=100_000.0,
+    ),
+    Key(
+        "disk_max_used_space_ratio",
+        float,
+        0.75,
+        "Above this used fraction of the data directory's disk, every expired CommitLog "
+        "segment is deleted at once instead of a few per pass (RocketMQ's "
+        "diskMaxUsedSpaceRatio). Segments that have not expired are never deleted.",
+        min=0.1,
+        max=1.0,
+    ),
+    Key(
+        "disk_space_warning_level_ratio",
+        float,
+        0.90,
+        "Above this used fraction of the data directory's disk, produce answers 507 "
+        "disk_full with Retry-After; delivery, consumption and admin go on (RocketMQ's "
+        "diskSpaceWarningLevelRatio).",
+        min=0.1,
+        max=1.0,
+    ),
+    Key(
         "max_message_size",
         int,
         4 * 1024 * 1024,

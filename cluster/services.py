@@ -25,7 +25,7 @@ class Service(Protocol):
 def start_services(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> list[Service]:
     """Build and start every service; the caller closes them in reverse order."""
     services: list[Service] = []
-    for build in (_schedule, _timer):
+    for build in (_schedule, _timer, _disk):
         service = build(config, raftlog, broker)
         if service is not None:
             service.start()
@@ -99,4 +99,13 @@ def _timer(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | No
     )
     broker.timer = service
     broker.timer_hook = service.produce_hook
+    return service
+
+
+def _disk(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | None:
+    """CommitLog retention and the produce guard (``cluster/disk.py``), on every node."""
+    from cluster.disk import DiskService
+
+    service = DiskService(config, raftlog, broker)
+    broker.disk = service
     return service

@@ -310,6 +310,19 @@ class CatchupServer:
         if end < start:
             self._answer(conn, session, request, proto.Answer(proto.Status.BAD_RANGE, 0))
             return
+        if start < self._commitlog.min_offset:
+            # Retention deleted the start of the range: say so instead of sending nothing.
+            held = self._commitlog.min_offset
+            self._answer(conn, session, request, proto.Answer(proto.Status.GONE, held))
+            log.warning(
+                "%s:%s asked for CommitLog [%d, %d), deleted below %d by retention",
+                peer[0],
+                peer[1],
+                start,
+                end,
+                held,
+            )
+            return
         stop = max(start, min(end, self._available()))
         deadline = self._answer(conn, session, request, proto.Answer(proto.Status.OK, stop - start))
         conn.settimeout(self.limits.idle_s)
@@ -372,6 +385,13 @@ def fetch_from(
         )
         if answer.status is proto.Status.BUSY:
             raise proto.Busy(f"{address[0]}:{address[1]} has no transfer slot free")
+        if answer.status is proto.Status.GONE:
+            raise proto.Gone(
+                f"{address[0]}:{address[1]} deleted its CommitLog below {answer.count} "
+                f"(retention, file_reserved_time_h), and this node needs it from {start}: "
+                "it cannot catch up by fetching; stop it and copy a stopped peer's data "
+                "directory over its own"
+            )
         if answer.status is not proto.Status.OK:
             raise proto.ProtocolError(f"{address[0]}:{address[1]} answered {answer.status.name}")
         deadline = time.monotonic() + limits.transfer_s(answer.count)
@@ -493,6 +513,7 @@ def fetch_range(
         order = [a for a in listed if a not in suspects] + [a for a in listed if a in suspects]
         contributors: set[Address] = set()
         progressed = False
+        gone = 0
         for address in order:
             at = target.position
             try:
@@ -507,6 +528,7 @@ def fetch_range(
                 if got < target.end - at:
                     errors[_name(address)] = f"has only [{at}, {at + got})"
             except (OSError, ConnectionError) as exc:
+                gone += isinstance(exc, proto.Gone)
                 errors[_name(address)] = f"{type(exc).__name__}: {exc}"
                 log.warning(
                     "catch-up from %s failed at %d: %s", _name(address), target.position, exc
@@ -528,6 +550,13 @@ def fetch_range(
             target.rewind()
         if target.position >= target.end:
             break
+        if listed and gone == len(listed):
+            message = (
+                f"no peer holds CommitLog [{target.position}, {target.end}) any more: "
+                + "; ".join(errors.values())
+            )
+            log.critical("%s", message)
+            raise FetchFailed(message)
         now = clock()
         if now >= give_up:
             tried = "; ".join(f"{a}: {e}" for a, e in errors.items()) or "no peer known"

@@ -109,10 +109,17 @@ class Busy(CatchupError):
     """The server has no transfer slot free."""
 
 
+class Gone(CatchupError):
+    """The server no longer holds the start of the range: retention deleted it."""
+
+
 class Status(enum.IntEnum):
     OK = 0
     BUSY = 1
     BAD_RANGE = 2
+    #: The range starts below the server's CommitLog minimum (deleted by retention); the
+    #: answer's ``count`` is that minimum.
+    GONE = 3
 
 
 @dataclass(frozen=True, slots=True)

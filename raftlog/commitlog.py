@@ -8,6 +8,12 @@ left in a segment is either zero or at least :data:`record.BLANK_SIZE`, so a bla
 ``segment_bytes`` decides every record's physical offset, so it must be the same on every
 node of a cluster (the snapshot records it and a node refuses a snapshot that disagrees).
 
+Retention deletes whole segments from the head (:meth:`CommitLog.delete_head`): the log is
+then ``[min_offset, length)``. The file ``min_offset`` in the directory records where it
+starts, written before any segment is unlinked, so a restart tells a segment removed by
+retention from a missing one. Offsets never move: ``length`` and every physical offset stay
+what they were.
+
 Durability: ``flush="sync"`` fsyncs after every append; ``flush="async"`` fsyncs from a
 background thread every ``flush_interval_ms``. Either way the bytes are in the page cache as
 soon as ``append`` returns, so a killed process loses nothing.
@@ -15,9 +21,11 @@ soon as ``append`` returns, so a killed process loses nothing.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +37,11 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SEGMENT_BYTES = 128 * 1024 * 1024
 MIN_SEGMENT_BYTES = 4096
+MIN_OFFSET_FILE = "min_offset"
+#: How long the descriptor of a deleted segment stays open: a reader that looked the segment
+#: up just before (a catch-up transfer, a pull) must never read another file through a
+#: reused descriptor number.
+RETIRED_FD_GRACE_S = 30.0
 
 
 @dataclass(slots=True)
@@ -64,6 +77,9 @@ class CommitLog:
         self._segments: list[_Segment] = []
         self._dirty: set[int] = set()
         self._closed = False
+        self._retired: list[tuple[float, int]] = []  # (monotonic time retired, fd)
+        self.segments_deleted = 0
+        self.bytes_deleted = 0
         self._open_segments()
         self._flusher: threading.Thread | None = None
         self._flush_wakeup = threading.Event()
@@ -88,7 +104,20 @@ class CommitLog:
                     f"CommitLog segment {path.name} does not start on a segment boundary of "
                     f"{self.segment_bytes} bytes: was segment_bytes changed?"
                 )
-        expected = 0
+        expected = self._read_min_offset()
+        if expected and not any(int(p.name) >= expected for p in names):
+            raise StoreCorruption(
+                f"{self.directory / MIN_OFFSET_FILE} says the CommitLog starts at {expected}, "
+                "but no segment from there on exists: restore the directory, or remove it "
+                "whole to let the node fetch the log again"
+            )
+        for path in [p for p in names if int(p.name) < expected]:
+            # Retention recorded the new start, then stopped before unlinking these.
+            log.info(
+                "removing CommitLog segment %s below the retained start %d", path.name, expected
+            )
+            path.unlink()
+        names = [p for p in names if int(p.name) >= expected]
         for path in names:
             base = int(path.name)
             if base != expected:
@@ -114,6 +143,35 @@ class CommitLog:
             log.warning("removing CommitLog segment %s past the end of the log", path.name)
             path.unlink()
 
+    def _read_min_offset(self) -> int:
+        path = self.directory / MIN_OFFSET_FILE
+        try:
+            text = path.read_text().strip()
+        except FileNotFoundError:
+            return 0
+        if not text.isdigit() or int(text) % self.segment_bytes:
+            raise StoreCorruption(
+                f"{path} holds {text!r}, not a segment boundary of {self.segment_bytes} bytes"
+            )
+        return int(text)
+
+    def _write_min_offset(self, offset: int) -> None:
+        path = self.directory / MIN_OFFSET_FILE
+        if offset == 0:
+            path.unlink(missing_ok=True)
+            return
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            f.write(f"{offset}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
     # ------------------------------------------------------------------ sizes
 
     @property
@@ -124,8 +182,60 @@ class CommitLog:
 
     @property
     def min_offset(self) -> int:
+        """The first physical offset still held (0 until retention deletes a segment)."""
         segments = self._segments
         return segments[0].base if segments else 0
+
+    def segments(self) -> list[tuple[int, int, float]]:
+        """``(base, end, mtime)`` of every segment, oldest first (mtime in seconds)."""
+        with self._lock:
+            return [(seg.base, seg.end, os.fstat(seg.fd).st_mtime) for seg in self._segments]
+
+    # ------------------------------------------------------------------ retention
+
+    def delete_head(self, upto: int) -> int:
+        """Delete every segment that ends at or below ``upto``, never the last one.
+
+        Records the new start first (see the module docstring). Returns the segments deleted.
+        """
+        with self._lock:
+            doomed = [seg for seg in self._segments[:-1] if seg.end <= upto]
+            if not doomed:
+                return 0
+            keep = self._segments[len(doomed) :]
+            self._write_min_offset(keep[0].base)
+            self._segments = keep
+            now = time.monotonic()
+            for seg in doomed:
+                if seg.fd in self._dirty:
+                    os.fsync(seg.fd)
+                    self._dirty.discard(seg.fd)
+                seg.path.unlink()
+                self._retired.append((now, seg.fd))
+                self.bytes_deleted += seg.size
+            self.segments_deleted += len(doomed)
+            self._close_retired(now - RETIRED_FD_GRACE_S)
+            log.info(
+                "retention deleted %d CommitLog segment(s) [%d, %d)",
+                len(doomed),
+                doomed[0].base,
+                doomed[-1].end,
+            )
+            return len(doomed)
+
+    def _close_retired(self, before: float) -> None:
+        still = []
+        for when, fd in self._retired:
+            if when <= before:
+                os.close(fd)
+            else:
+                still.append((when, fd))
+        self._retired = still
+
+    def close_retired(self) -> None:
+        """Close descriptors of deleted segments past their grace period (frees their space)."""
+        with self._lock:
+            self._close_retired(time.monotonic() - RETIRED_FD_GRACE_S)
 
     # ------------------------------------------------------------------ writing
 
@@ -134,7 +244,10 @@ class CommitLog:
         if self._segments and self._segments[-1].base == base:
             return self._segments[-1]
         path = self.directory / f"{base:020d}"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         seg = _Segment(base, path, fd, 0)
         self._segments = [*self._segments, seg]
         return seg
@@ -201,9 +314,12 @@ class CommitLog:
                 seg = self._segment_for_write(at)
                 room = self.segment_bytes - seg.size
                 chunk = view[:room]
-                written = os.pwrite(seg.fd, chunk, seg.size)
-                if written != len(chunk):
-                    raise OSError(f"short write to {seg.path}: {written} of {len(chunk)}")
+                try:
+                    written = os.pwrite(seg.fd, chunk, seg.size)
+                except OSError as exc:
+                    raise OSError(exc.errno, exc.strerror, str(seg.path)) from exc
+                if written == 0:  # a full disk writes part, then refuses the rest
+                    raise OSError(errno.ENOSPC, "nothing written", str(seg.path))
                 seg.size += written
                 at += written
                 view = view[written:]
@@ -319,9 +435,18 @@ class CommitLog:
                 raise ValueError(
                     f"cannot truncate to {length}: the CommitLog ends at {self.length}"
                 )
+            start = self.min_offset
+            if 0 < length < start:
+                raise StoreCorruption(
+                    f"cannot truncate the CommitLog to {length}: retention deleted the bytes "
+                    f"below {start} (file {self.directory / MIN_OFFSET_FILE})"
+                )
+            if length == 0 and start:
+                self._write_min_offset(0)
+                start = 0
             keep: list[_Segment] = []
             for seg in self._segments:
-                if seg.base < length or (seg.base == length == 0):
+                if seg.base < length or seg.base == length == start:
                     if seg.end > length:
                         os.ftruncate(seg.fd, length - seg.base)
                         seg.size = length - seg.base
@@ -363,3 +488,4 @@ class CommitLog:
             for seg in self._segments:
                 os.close(seg.fd)
             self._segments = []
+            self._close_retired(float("inf"))

@@ -16,6 +16,7 @@ CommitLog: when one is missing or behind it is rebuilt from the records (see
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import struct
@@ -62,6 +63,8 @@ class ConsumeQueueStore:
         self._fds: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._units: dict[tuple[str, int], int] = {}
         self._dirty: set[tuple[str, int]] = set()
+        # (topic, queue) -> (CommitLog floor, min offset found, unit count then)
+        self._min_cache: dict[tuple[str, int], tuple[int, int, int]] = {}
         self._scan()
 
     # ------------------------------------------------------------------ files
@@ -116,6 +119,34 @@ class ConsumeQueueStore:
     def max_offset(self, topic: str, queue_id: int) -> int:
         return self._units.get((topic, queue_id), 0)
 
+    def min_offset(self, topic: str, queue_id: int, floor: int) -> int:
+        """The first queue offset whose message lies at or above CommitLog offset ``floor``
+        (where retention left the CommitLog starting); units below it point at deleted bytes.
+
+        Units are in CommitLog order, so this is a binary search, cached per queue until the
+        floor or the queue changes.
+        """
+        key = (topic, queue_id)
+        if floor <= 0:
+            return 0
+        with self._lock:
+            count = self._units.get(key, 0)
+            lo = 0
+            cached = self._min_cache.get(key)
+            if cached is not None and cached[0] <= floor and cached[1] <= count:
+                if cached[0] == floor and cached[1] < cached[2]:
+                    return cached[1]  # a unit at or above the floor was found: it stays first
+                lo = cached[1]  # the floor only rose, or new units came: search on from there
+            hi = count
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if self.read(topic, queue_id, mid, 1)[0].commitlog_offset < floor:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            self._min_cache[key] = (floor, lo, count)
+            return lo
+
     def read(self, topic: str, queue_id: int, offset: int, max_units: int) -> list[CqUnit]:
         key = (topic, queue_id)
         with self._lock:
@@ -140,7 +171,13 @@ class ConsumeQueueStore:
                     f"ConsumeQueue {topic}/{queue_id} has {have} units, not {first_offset}"
                 )
             fd = self._fd(key)
-            os.pwrite(fd, units, have * UNIT_SIZE)
+            try:
+                written = os.pwrite(fd, units, have * UNIT_SIZE)
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, str(self._path(*key))) from exc
+            if written != len(units):  # a full disk writes part, then refuses the rest
+                os.ftruncate(fd, have * UNIT_SIZE)
+                raise OSError(errno.ENOSPC, "short write", str(self._path(*key)))
             self._units[key] = have + len(units) // UNIT_SIZE
             self._dirty.add(key)
 
@@ -149,6 +186,7 @@ class ConsumeQueueStore:
         with self._lock:
             if self._units.get(key, 0) <= units:
                 return
+            self._min_cache.pop(key, None)
             os.ftruncate(self._fd(key), units * UNIT_SIZE)
             self._units[key] = units
             self._dirty.add(key)
@@ -160,6 +198,7 @@ class ConsumeQueueStore:
             if fd is not None:
                 os.close(fd)
             self._units.pop(key, None)
+            self._min_cache.pop(key, None)
             self._dirty.discard(key)
             self._path(topic, queue_id).unlink(missing_ok=True)
 

@@ -19,6 +19,7 @@ Facts this relies on (pysyncobj 0.3.17):
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -75,16 +76,27 @@ def _refuse(message: str) -> None:
 def _fault_message(exc: BaseException, data_dir: str | os.PathLike[str]) -> str:
     """What stopped apply on this node, naming the file when known, and what to do."""
     if isinstance(exc, OSError):
-        where = f" on {exc.filename}" if exc.filename else f" under {data_dir}"
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        return (
-            f"local storage fault{where}: {reason}. Free space or fix the disk, then restart "
-            f"the node; the other nodes keep serving and it catches up from them"
-        )
+        return _storage_fault(exc, data_dir)
     return (
         f"apply failed: {exc}. This node's files under {data_dir} are damaged or its settings "
         "differ from the cluster's: fix the setting named above, or stop the node, move the "
         "data directory aside and restart it to copy everything from its peers"
+    )
+
+
+def _storage_fault(exc: OSError, data_dir: object) -> str:
+    """What the operator reads when apply hits a local storage fault."""
+    where = exc.filename or data_dir
+    if exc.errno == errno.ENOSPC:
+        return (
+            f"no space left on device writing {where}: this node stops; the other nodes "
+            f"keep serving. Free space on the disk of {data_dir} (or lower "
+            "file_reserved_time_h, or grow the disk), then start this node again: it "
+            "catches up from the leader"
+        )
+    return (
+        f"storage fault writing {where} ({exc.strerror or exc}): this node stops; the other "
+        f"nodes keep serving. Check the disk of {data_dir}, then start this node again"
     )
 
 
@@ -182,7 +194,15 @@ class ReplicatedLog(SyncObj):
     def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802, N803 - pysyncobj's names
         self.ticks.begin()
         # Committed entries still to apply: read the network and go on at once.
-        super()._onTick(0.0 if self._apply_behind else timeToWait)
+        try:
+            super()._onTick(0.0 if self._apply_behind else timeToWait)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EIO, errno.EDQUOT):
+                raise
+            # pysyncobj's journal could not be written: logging and ticking on would leave
+            # the node wedged, neither serving nor saying why.
+            log.exception("the Raft journal could not be written")
+            _fatal(_storage_fault(exc, self._store.data_dir))
         report = self.ticks.end()
         if report is not None:
             log.warning("%s", report.describe(self.ticks.slow_ms))
@@ -277,6 +297,9 @@ class ReplicatedLog(SyncObj):
         started = time.monotonic()
         try:
             return self._store.apply(data, self.raftLastApplied + 1)
+        except OSError as exc:
+            log.exception("apply failed at index %d", self.raftLastApplied + 1)
+            _fatal(_storage_fault(exc, self._store.data_dir))
         except Exception as exc:  # a failed apply would leave this replica diverged
             # Store.apply rejects whatever a command does wrong; what reaches here is a fault
             # of this node's files or settings.

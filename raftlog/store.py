@@ -263,6 +263,10 @@ class Store:
         self._chain = Chain()
         self.applied_index = 0
         self.applied_length = 0
+        #: Index and CommitLog length of the last snapshot written or restored here: a
+        #: restart replays the journal from it, so retention keeps what that replay reads.
+        self.snapshot_index = 0
+        self.snapshot_length = 0
         self._lock = threading.Lock()
         self.listeners: list[Callable[[ApplyResult], None]] = []
         # Only the leader reads per-message results; followers skip building them.
@@ -317,6 +321,10 @@ class Store:
             return 0
         return min(queues[queue_id], self.cqs.max_offset(topic, queue_id))
 
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        """The first queue offset whose message the CommitLog still holds (retention)."""
+        return self.cqs.min_offset(topic, queue_id, self.commitlog.min_offset)
+
     def read_units(self, topic: str, queue_id: int, offset: int, max_units: int) -> list[CqUnit]:
         end = self.max_offset(topic, queue_id)
         max_units = min(max_units, end - offset)
@@ -327,10 +335,20 @@ class Store:
     def read_messages(
         self, topic: str, queue_id: int, offset: int, max_units: int
     ) -> list[record.Message]:
-        return [
-            self.commitlog.read_message(u.commitlog_offset, u.size)
-            for u in self.read_units(topic, queue_id, offset, max_units)
-        ]
+        """Messages from ``offset`` on; below the queue's minimum (deleted by retention) from
+        the minimum, as RocketMQ answers a pull below it."""
+        for _attempt in range(3):
+            start = max(offset, self.min_offset(topic, queue_id))
+            try:
+                return [
+                    self.commitlog.read_message(u.commitlog_offset, u.size)
+                    for u in self.read_units(topic, queue_id, start, max_units)
+                ]
+            except IndexError:
+                if start >= self.min_offset(topic, queue_id):
+                    raise
+                # Retention deleted the segment between the two reads: from the new minimum.
+        raise IndexError(f"{topic}/{queue_id} keeps losing its head to retention")
 
     def read_record(self, at: int, size: int) -> bytes:
         """The checked bytes of the record at physical offset ``at``, from this node's
@@ -752,6 +770,8 @@ class Store:
         """The outcome of a batch applied before, rebuilt from the CommitLog."""
         if status != OK or count == 0:
             return BatchOutcome(key, status, duplicate=True, detail="repeated request")
+        if phys < self.commitlog.min_offset:  # retention deleted it: the key is still honoured
+            return BatchOutcome(key, OK, duplicate=True, detail="placement no longer held")
         placed: list[Placed] = []
         for at, data in self.commitlog.iter_records(phys):
             msg = record.decode(data)
@@ -791,6 +811,7 @@ class Store:
                 "raft": raft,
             }
         )
+        self.snapshot_index, self.snapshot_length = self.applied_index, length
         return (
             _SNAP_HEAD.pack(SNAPSHOT_MAGIC, len(payload), hashlib.sha256(payload).digest())
             + payload
@@ -919,6 +940,7 @@ class Store:
         self.applied_index = int(snap["index"])
         self.applied_length = length
         self.settled = True
+        self.snapshot_index, self.snapshot_length = self.applied_index, length
         self._reattach_extensions()
 
     def _local_prefix_damage(self, snap: Mapping[str, Any]) -> str | None:
@@ -1033,6 +1055,7 @@ class Store:
         self.applied_index = 0
         self.applied_length = 0
         self.settled = True
+        self.snapshot_index = self.snapshot_length = 0
         self._reattach_extensions()
 
     def close(self) -> None:

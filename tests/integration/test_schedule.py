@@ -202,9 +202,21 @@ def test_sixteen_retries_then_the_dead_letter_queue(make_cluster: Any) -> None:
                 retry_offset = m["offset"] + 1
             dead = await client.retry(group, topic, queue, offset)
             assert dead["target"] == "dlq" and dead["topic"] == f"%DLQ%{group}"
-            page = await client.pull(f"%DLQ%{group}", 0, 0, 10)
-            assert len(page["messages"]) == 1
-            dlq = page["messages"][0]
+
+            async def dead_lettered() -> list[dict[str, Any]]:
+                # The node asked may be a follower that has not applied the DLQ write yet
+                # (404 unknown_topic until it has): wait for it rather than read once.
+                try:
+                    page = await client.pull(f"%DLQ%{group}", 0, 0, 10)
+                except ClientError as exc:
+                    if exc.status == 404:
+                        return []
+                    raise
+                return list(page["messages"])
+
+            got = await wait_for(dead_lettered, 10, "the message in the DLQ", cluster)
+            assert len(got) == 1
+            dlq = got[0]
             assert dlq["reconsume_times"] == 17
             assert dlq["properties"]["MAX_RECONSUME_TIMES"] == "16"
             assert dlq["properties"]["ORIGIN_MESSAGE_ID"] == sent["msg_id"]

@@ -1,0 +1,206 @@
+"""Disk on 3 real nodes, on a small tmpfs: produce answers 507 before the disk fills and nothing
+acknowledged is lost; retention deletes old CommitLog segments but never a delayed message
+that still waits."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from cluster.client import Client, ClientError
+from cluster.launcher import LocalCluster
+from tests.integration.conftest import dump_logs, free_port_base, wait_for
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "disk"
+QUEUES = 4
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 64 MiB tmpfs, unmounted afterwards; the test is skipped where mounting is refused."""
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    try:
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)],
+            capture_output=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"cannot mount a tmpfs: {exc}")
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode(errors='replace').strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def cluster_on(tmpfs: Path) -> Iterator[Any]:
+    clusters: list[LocalCluster] = []
+
+    def make(**settings: Any) -> LocalCluster:
+        http, raft = free_port_base(3, random.Random())
+        # Node logs stay off the tmpfs: only the data directories fill it.
+        c = LocalCluster(
+            3,
+            tmpfs / f"c{len(clusters)}",
+            http_port=http,
+            raft_port=raft,
+            settings={"default_topic_queues": QUEUES, "ops_log_enabled": False, **settings},
+        )
+        clusters.append(c)
+        c.start()
+        return c
+
+    yield make
+    for c in clusters:
+        c.stop()
+
+
+async def node(client: Client, url: str) -> dict[str, Any]:
+    status: dict[str, Any] = await client.request("GET", "/v1/admin/node", url=url)
+    return status
+
+
+async def read_all(client: Client, url: str, topic: str) -> dict[str, dict[str, Any]]:
+    """Every message of ``topic`` one node serves, by msg_id, each queue from offset 0."""
+    out: dict[str, dict[str, Any]] = {}
+    for q in range(QUEUES):
+        offset = 0
+        while True:
+            page = await client.pull(topic, q, offset, 500, url=url)
+            for m in page["messages"]:
+                out[m["msg_id"]] = m
+            if not page["messages"]:
+                break
+            offset = page["next_offset"]
+    return out
+
+
+async def test_produce_answers_507_before_the_disk_fills_and_nothing_acknowledged_is_lost(
+    cluster_on: Any,
+) -> None:
+    # All three nodes share one 64 MiB disk here, so each writes what the others write: the
+    # margin above the warning level must hold about a second of the whole cluster's writes.
+    cluster = cluster_on(
+        commitlog_segment_bytes=1 << 20,
+        disk_space_warning_level_ratio=0.6,
+        disk_max_used_space_ratio=0.5,
+    )
+    cluster.wait_leader()
+    body = "x" * 4000
+    acked: set[str] = set()
+    refused: ClientError | None = None
+    async with Client(cluster.urls, deadline_s=30) as client:
+        deadline = time.monotonic() + 240
+        while refused is None:
+            assert time.monotonic() < deadline, "no 507 within 240 s\n" + dump_logs(cluster)
+            try:
+                answer = await client.produce(TOPIC, [{"body": body} for _ in range(10)])
+            except (ClientError, ConnectionError) as exc:
+                if not isinstance(exc, ClientError) or exc.status != 507:
+                    raise AssertionError(f"{exc}\n{dump_logs(cluster)}") from exc
+                refused = exc
+                break
+            acked.update(r["msg_id"] for r in answer["results"])
+        assert refused.body["error"] == "disk_full"
+        assert acked, "the disk was full before anything was stored"
+
+        # The answer carries Retry-After, from the leader and through a follower alike.
+        async with aiohttp.ClientSession() as http:
+            for url in cluster.urls:
+                async with http.post(
+                    f"{url}/v1/topics/{TOPIC}/messages", json={"messages": [{"body": "y"}]}
+                ) as r:
+                    assert r.status == 507, await r.text()
+                    assert int(r.headers["Retry-After"]) > 0
+
+        # No node exited; admin, digests and consumption still work.
+        assert all(cluster.alive(i) for i in range(3)), dump_logs(cluster)
+        await asyncio.to_thread(cluster.wait_converged, 60.0)
+        for url in cluster.urls:
+            status = await node(client, url)
+            disk = status["disk"]
+            assert disk["used_ratio"] > 0.5 and disk["produce_refused"]
+            assert disk["free_bytes"] > 0
+            served = await read_all(client, url, TOPIC)
+            missing = acked - served.keys()
+            assert not missing, f"{url} lost {len(missing)} acknowledged messages"
+        async with aiohttp.ClientSession() as http, http.get(f"{cluster.urls[0]}/metrics") as r:
+            text = await r.text()
+            assert "chronomq_disk_used_ratio" in text
+            assert "chronomq_produce_disk_full_rejections" in text
+        assert all(cluster.alive(i) for i in range(3)), dump_logs(cluster)
+
+
+async def test_retention_deletes_old_segments_but_never_a_waiting_delayed_message(
+    cluster_on: Any,
+) -> None:
+    cluster = cluster_on(
+        commitlog_segment_bytes=1 << 16,
+        file_reserved_time_h=0.002,  # 7.2 s
+        message_delay_level="1s 40s",
+        log_compaction_min_entries=10,
+        log_compaction_min_time_s=1,
+    )
+    cluster.wait_leader()
+    filler = "f" * 6000
+    async with Client(cluster.urls, deadline_s=30) as client:
+
+        async def fill(n: int) -> None:
+            for _ in range(n):
+                await client.produce("filler", [{"body": filler} for _ in range(10)])
+
+        await fill(20)  # ~1.2 MB: segments that expire and hold nothing waiting
+        delayed = await client.produce(
+            TOPIC,
+            [{"body": "level", "delay_level": 2}, {"body": "timer", "delay_ms": 40_000}],
+        )
+        ids = {r["msg_id"] for r in delayed["results"]}
+        due_ms = max(r["deliver_ms"] for r in delayed["results"])
+        await fill(20)
+
+        async def old_segments_gone() -> bool:
+            for url in cluster.urls:
+                disk = (await node(client, url))["disk"]
+                if disk["segments_deleted"] == 0:
+                    return False
+            return True
+
+        await wait_for(old_segments_gone, 30, "old CommitLog segments deleted", cluster)
+        # Deleted while the delayed messages still wait (their due time is ahead).
+        assert time.time() * 1000 < due_ms
+        assert not (await read_all(client, cluster.urls[0], TOPIC))
+        for url in cluster.urls:
+            disk = (await node(client, url))["disk"]
+            assert disk["commitlog_min_offset"] > 0
+            assert disk["needed_offset"] is not None
+            assert disk["commitlog_min_offset"] <= disk["needed_offset"]
+            topic = await client.request("GET", "/v1/topics/filler", url=url)
+            assert any(q["min_offset"] > 0 for q in topic["queues"])
+            # A pull from 0 answers from the new minimum.
+            q = next(q for q in topic["queues"] if q["min_offset"] > 0)
+            page = await client.pull("filler", q["queue"], 0, 1, url=url)
+            assert page["messages"][0]["offset"] == q["min_offset"]
+        await asyncio.to_thread(cluster.wait_converged, 30.0)
+
+        async def delivered() -> dict[str, dict[str, Any]] | None:
+            got = await read_all(client, cluster.urls[1], TOPIC)
+            return got if ids <= got.keys() else None
+
+        got = await wait_for(delivered, 90, "both delayed messages delivered", cluster)
+        assert sorted(m["body"] for m in got.values()) == ["level", "timer"]
+        assert all(cluster.alive(i) for i in range(3)), dump_logs(cluster)
+        await asyncio.to_thread(cluster.wait_converged, 30.0)
