@@ -250,7 +250,8 @@ class TimerMachine:
                 appended = self.files.log.stop_capture()
             if appended:
                 ctx.ensure_topic(logtopic.TOPIC, 1)
-                ctx.append(logtopic.derived_records(appended, store_ms=ctx.propose_ms))
+                records = logtopic.derived_records(appended, store_ms=ctx.propose_ms)
+                ctx.append(records, internal=True)  # wakes no consumer
             self.files.sync_wheel_pos()
             st.log_end = self.files.log.end_pos
             for key, value in st.kv_changes(before).items():
