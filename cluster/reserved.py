@@ -18,6 +18,7 @@ from raftlog.applycheck import RecordRule
 from schedule import properties as schedule_props
 from schedule import rewrite as schedule_rewrite
 from schedule.levels import SCHEDULE_TOPIC
+from timer import logtopic as timer_logtopic
 from timer import message as timer_message
 
 SYSTEM_TOPIC_PREFIX: Final = "rmq_sys_"
@@ -79,8 +80,10 @@ command for another name is rejected at apply instead of waiting for it."""
 def apply_rules() -> dict[str, RecordRule]:
     """The checks apply runs on every record appended to a system topic, so a record that got
     past the edge (an older node, another edge, a bug) is rejected the same way on every
-    replica instead of stopping them: the timer's and the delay levels' properties."""
+    replica instead of stopping them: the timer's and the delay levels' properties, and the
+    TimerLog's copy, which only the timer's apply writes."""
     return {
         timer_message.TIMER_TOPIC: timer_message.apply_rule,
         SCHEDULE_TOPIC: schedule_rewrite.apply_rule,
+        timer_logtopic.TOPIC: timer_logtopic.apply_rule,
     }

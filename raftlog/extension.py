@@ -133,12 +133,17 @@ class ApplyContext:
         self._store.topics[topic] = [0] * queues
         return queues
 
-    def append(self, records: Sequence[DerivedRecord]) -> list[Placed]:
-        """Place records at the end of the CommitLog and index them, as one write."""
+    def append(self, records: Sequence[DerivedRecord], *, internal: bool = False) -> list[Placed]:
+        """Place records at the end of the CommitLog and index them, as one write.
+
+        ``internal``: the extension's own bookkeeping in a system topic no consumer reads; the
+        bytes count, but not as messages (``ApplyResult.messages`` wakes long-polling pulls).
+        """
         if not records:
             return []
         placed = self._store._append_derived(records)
-        self.messages += len(placed)
+        if not internal:
+            self.messages += len(placed)
         self.bytes_written += sum(p.size for p in placed)
         return placed
 

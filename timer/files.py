@@ -11,8 +11,11 @@ replicated state whose TimerLog ends at ``P`` (kv ``timer/tl``) when the TimerLo
 :meth:`TimerFiles.align` makes that so from whatever is on disk:
 
 * the TimerLog is cut at ``P`` when longer (a restart replays the journal after the snapshot,
-  which appends those records again) or completed from a peer when shorter (a node that
-  installed a snapshot never applied the commands that wrote them);
+  which appends those records again) or completed when shorter (a node that installed a
+  snapshot never applied the commands that wrote them; its TimerLog files were lost or torn):
+  first from the node's own CommitLog, which holds a copy of every TimerLog record
+  (:mod:`timer.logtopic`, passed in as ``local``), and only for what that lacks (segments
+  removed by retention, data written before the copy existed) from a peer (``fetch``);
 * the wheel is known to be ``W(F)`` for some ``F`` (:attr:`TimerFiles.wheel_pos`); when
   ``F <= P`` the records ``[F, P)`` are linked onto it, otherwise it is rebuilt from nothing
   (a wheel cell a later lap took over cannot be given back).
@@ -44,6 +47,7 @@ from timer.checkpoint import (
 from timer.config import TimerConfig
 from timer.cursor import ReadCursor
 from timer.errors import TimerConfigMismatch, TimerCorruptionError, TimerStateError
+from timer.logtopic import LocalCopy
 from timer.timerlog import RECORD_SIZE, TimerLog, decode_record
 from timer.wheel import TimerWheel
 
@@ -54,6 +58,9 @@ DIRTY_MARKER = "timerwheel.dirty"
 #: ``fetch(start, end, sink)``: get TimerLog records ``[start, end)`` from a peer, handing raw
 #: records to ``sink`` in order; raises when no peer can serve them.
 Fetch = Callable[[int, int, Callable[[bytes], None]], None]
+#: ``local(log, end)``: append to ``log`` what the node itself holds of ``[log.end_pos, end)``
+#: (:func:`timer.logtopic.rebuild_from_store`); says how many and why it stopped short.
+Local = Callable[[TimerLog, int], LocalCopy]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +72,8 @@ class AlignReport:
     rebuilt: bool
     linked: int
     seconds: float = 0.0
+    #: TimerLog records copied back from this node's own CommitLog.
+    local_records: int = 0
 
 
 class TimerFiles:
@@ -115,8 +124,14 @@ class TimerFiles:
 
     # ------------------------------------------------------------------ alignment
 
-    def align(self, target_end: int, fetch: Fetch | None) -> AlignReport:
-        """Make the TimerLog end at ``target_end`` and the wheel ``W(target_end)``."""
+    def align(
+        self, target_end: int, fetch: Fetch | None, local: Local | None = None
+    ) -> AlignReport:
+        """Make the TimerLog end at ``target_end`` and the wheel ``W(target_end)``.
+
+        A TimerLog that is short is completed from ``local`` (this node's CommitLog) first;
+        ``fetch`` (a peer) gets only what that could not give.
+        """
         import time
 
         t0 = time.monotonic()
@@ -128,12 +143,15 @@ class TimerFiles:
         if self.log.end_pos > target_end:
             truncated = self.log.end_pos - target_end
             self.log.truncate(target_end)
-        fetched = 0
+        fetched = local_records = 0
+        if self.log.end_pos < target_end and local is not None:
+            local_records = self._copy_local(target_end, local, may_fetch=fetch is not None)
         if self.log.end_pos < target_end:
             if fetch is None:
                 raise TimerStateError(
                     f"TimerLog ends at {self.log.end_pos}, the replicated state needs "
-                    f"{target_end}, and no peer to fetch the rest from"
+                    f"{target_end}, this node's CommitLog does not hold the rest, and there "
+                    "is no peer to fetch it from"
                 )
             fetched = self._fetch(target_end, fetch)
         linked_from = self.wheel_pos
@@ -147,11 +165,39 @@ class TimerFiles:
             rebuilt,
             report.linked,
             round(time.monotonic() - t0, 3),
+            local_records,
         )
         self.last_align = out
-        if truncated or fetched or rebuilt or report.linked:
+        if truncated or fetched or local_records or rebuilt or report.linked:
             log.info("timer files aligned to TimerLog end %d: %s", target_end, out)
         return out
+
+    def _copy_local(self, target_end: int, local: Local, *, may_fetch: bool) -> int:
+        start = self.log.end_pos
+        try:
+            copy = local(self.log, target_end)
+        except TimerCorruptionError as exc:
+            if not may_fetch:
+                raise
+            log.error(
+                "TimerLog [%d, %d) cannot be rebuilt from this node's CommitLog (%s): "
+                "fetching the rest from a peer",
+                self.log.end_pos,
+                target_end,
+                exc,
+            )
+            # What was appended before the gap continues the TimerLog rightly: keep it.
+            return sum(1 for _ in self.log.scan(start))
+        log.info(
+            "TimerLog rebuilt from this node's CommitLog: %d records, [%d, %d) of [%d, %d)%s",
+            copy.records,
+            start,
+            self.log.end_pos,
+            start,
+            target_end,
+            f"; stopped: {copy.stopped}" if copy.stopped else "",
+        )
+        return copy.records
 
     def _fetch(self, target_end: int, fetch: Fetch) -> int:
         count = 0

@@ -18,6 +18,10 @@ The leader proposes timer commands (:mod:`timer.service`); each is a JSON payloa
             cursor becomes the span's end, and then the REPUT items go back into the timer
             topic (roll count + 1), to be enqueued by a later command.
 
+Every apply that appends TimerLog records also appends, last, their bytes to the system topic
+``rmq_sys_timer_log`` (:mod:`timer.logtopic`), stamped with the command's propose time: the
+TimerLog can then be rebuilt from the node's own CommitLog (:meth:`TimerMachine.attach`).
+
 Everything apply decides comes from the log: the records' store times, the command's propose
 time (the store time of what it writes), the committed state in kv (:mod:`timer.state`). So
 every replica writes the same records and ends with the same TimerLog and wheel, and a
@@ -42,6 +46,7 @@ from raftlog import record
 from raftlog.errors import NodeFault
 from raftlog.extension import ApplyContext, DerivedRecord
 from raftlog.store import Store
+from timer import logtopic
 from timer import message as tm
 from timer.cancel import CancelStatus, decide_cancel
 from timer.chains import tombstone_keys
@@ -181,7 +186,11 @@ class TimerMachine:
             self._check_geometry(store.kv.get(GEOMETRY))
             self.store = store
             self.state = TimerState.from_kv(store.kv)
-            report = self.files.align(self.state.log_end, self.fetch)
+            report = self.files.align(
+                self.state.log_end,
+                self.fetch,
+                lambda timer_log, end: logtopic.rebuild_from_store(store, timer_log, end),
+            )
             log.info(
                 "timer attached at index %d: cursor %s, enqueue offset %d, TimerLog end %d (%s)",
                 store.applied_index,
@@ -225,16 +234,24 @@ class TimerMachine:
             if st.cursor is None:
                 st.cursor = ReadCursor.at(self.geometry.slot_ms(ctx.propose_ms))
             self._switch(st, payload.get("switch"))
-            enq = payload.get("enq")
-            if isinstance(enq, int) and not isinstance(enq, bool) and not st.stop_enqueue:
-                self._enqueue(ctx, st, enq, out)
-            cancels = payload.get("cancel")
-            if isinstance(cancels, list):
-                for seq, item in enumerate(cancels[:MAX_CANCELS_PER_COMMAND]):
-                    out.cancels.append(self._cancel(ctx, st, item, seq))
-            span = payload.get("span")
-            if span is not None:
-                self._dequeue(ctx, st, span, out)
+            self.files.log.start_capture()
+            try:
+                enq = payload.get("enq")
+                if isinstance(enq, int) and not isinstance(enq, bool) and not st.stop_enqueue:
+                    self._enqueue(ctx, st, enq, out)
+                cancels = payload.get("cancel")
+                if isinstance(cancels, list):
+                    for seq, item in enumerate(cancels[:MAX_CANCELS_PER_COMMAND]):
+                        out.cancels.append(self._cancel(ctx, st, item, seq))
+                span = payload.get("span")
+                if span is not None:
+                    self._dequeue(ctx, st, span, out)
+            finally:
+                appended = self.files.log.stop_capture()
+            if appended:
+                ctx.ensure_topic(logtopic.TOPIC, 1)
+                records = logtopic.derived_records(appended, store_ms=ctx.propose_ms)
+                ctx.append(records, internal=True)  # wakes no consumer
             self.files.sync_wheel_pos()
             st.log_end = self.files.log.end_pos
             for key, value in st.kv_changes(before).items():

@@ -641,6 +641,7 @@ class TimerService:
                 "target_end": files.last_align.target_end,
                 "truncated_bytes": files.last_align.truncated_bytes,
                 "fetched_records": files.last_align.fetched_records,
+                "local_records": files.last_align.local_records,
                 "rebuilt": files.last_align.rebuilt,
                 "linked": files.last_align.linked,
                 "seconds": files.last_align.seconds,

@@ -32,6 +32,10 @@ Record layout (80 bytes, big-endian, ``_RECORD``)::
 record waits in ``slot_ms`` to be re-put into the CommitLog, its ``deliver_ms`` lying beyond
 the roll window. ``slot_ms`` equals the slot of ``deliver_ms`` unless ROLLED.
 
+Every record is also copied, by the same apply that appends it, into the CommitLog (system
+topic ``rmq_sys_timer_log``, see :mod:`timer.logtopic`), so a node rebuilds a lost or short
+TimerLog from its own CommitLog.
+
 Positions are byte offsets in one logical stream cut into segments of ``segment_bytes``; the
 file of a segment is named by its first position (20 digits). Records never span segments:
 when one does not fit, the rest of the segment stays unused and the next record starts the
@@ -232,6 +236,8 @@ class TimerLog:
         self._closed = False
         # One cached block of a segment: (segment base, offset of the block, its bytes).
         self._block: tuple[int, int, bytes] = (-1, 0, b"")
+        # While capturing (see :meth:`start_capture`): every record appended, with its position.
+        self._capture: list[tuple[int, bytes]] | None = None
         self.open_report = OpenReport(self.start_pos, end_pos, end_pos, 0, 0)
 
     # ----------------------------------------------------------------- opening
@@ -325,6 +331,13 @@ class TimerLog:
         return self._end
 
     @property
+    def append_pos(self) -> int:
+        """Position the next record will be written at (past a segment's unused tail)."""
+        pos = self._end
+        base = pos - pos % self._segment_bytes
+        return base + self._segment_bytes if pos - base + RECORD_SIZE > self._usable else pos
+
+    @property
     def flushed_pos(self) -> int:
         """Everything before this position has been fsynced."""
         return self._flushed
@@ -342,12 +355,24 @@ class TimerLog:
         if not self._bases or self._bases[-1] != base:
             self._bases.append(base)
         fd = self._fd(base, create=True)
-        written = os.pwrite(fd, encode_record(record), pos - base)
+        data = encode_record(record)
+        written = os.pwrite(fd, data, pos - base)
         if written != RECORD_SIZE:
             raise OSError(f"short write of TimerLog record at {pos}: {written} bytes")
         self._dirty.add(base)
         self._end = pos + RECORD_SIZE
+        if self._capture is not None:
+            self._capture.append((pos, data))
         return pos
+
+    def start_capture(self) -> None:
+        """Keep a copy of every record appended from now on, until :meth:`stop_capture`."""
+        self._capture = []
+
+    def stop_capture(self) -> list[tuple[int, bytes]]:
+        """The ``(position, record bytes)`` appended since :meth:`start_capture`, in order."""
+        captured, self._capture = self._capture or [], None
+        return captured
 
     def flush(self) -> int:
         """fsync everything appended so far; return the new flushed position."""
