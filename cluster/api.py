@@ -341,11 +341,33 @@ async def describe_topic(request: web.Request) -> web.Response:
 
 
 async def list_topics(request: web.Request) -> web.Response:
-    store = request.app[BROKER].raftlog.store
-    topics = [
-        {"topic": t, "queues": len(q), "messages": sum(q)} for t, q in sorted(store.topics.items())
-    ]
-    return json_response({"topics": topics})
+    """Topics in name order, a page of at most ``max_topics_listed`` (or ``?limit=``) after
+    ``?after=``; ``truncated`` says more follow, from ``next_after``."""
+    broker = request.app[BROKER]
+    cap = broker.config.max_topics_listed
+    limit = _int_query(request, "limit", cap)
+    if not 1 <= limit <= cap:
+        raise bad_request(f"limit must be between 1 and {cap} (max_topics_listed)", "limit")
+    after = request.query.get("after", "")
+    items = list(broker.raftlog.store.topics.items())  # the Raft thread adds topics: copy
+    names = sorted(t for t, _ in items if t > after)
+    page = names[:limit]
+    queues = dict(items)
+    topics = [{"topic": t, "queues": len(queues[t]), "messages": sum(queues[t])} for t in page]
+    truncated = len(names) > limit
+    return json_response(
+        {"topics": topics, "truncated": truncated, "next_after": page[-1] if truncated else None}
+    )
+
+
+def _int_query(request: web.Request, name: str, default: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise bad_request(f"{name} must be an integer", name) from None
 
 
 async def create_topic(request: web.Request) -> web.Response:
@@ -368,6 +390,8 @@ async def create_topic(request: web.Request) -> web.Response:
                 409, "topic_exists", f"topic {topic} exists with {existing} queues", "queues"
             )
         return json_response(broker.describe_topic(topic))
+    if 1 <= queues <= 1024:  # a bad count is the caller's 400 first (raftlog checks it)
+        broker.check_topic_room({topic: queues})
     await broker.commit(broker.raftlog.create_topic(topic, queues))
     return json_response(broker.describe_topic(topic), status=201)
 

@@ -34,9 +34,9 @@ from cluster.pull import (
     read_page,
 )
 from raftlog import record
-from raftlog.errors import UnknownTopic
+from raftlog.errors import ApplyRejected, UnknownTopic
 from raftlog.node import NewMessage, RaftLog
-from raftlog.store import ApplyResult, BatchOutcome
+from raftlog.store import TOO_MANY_TOPICS, ApplyResult, BatchOutcome
 from schedule import properties as schedule_props
 from schedule import rewrite
 from schedule.levels import SCHEDULE_TOPIC, DelayLevelTable
@@ -208,9 +208,26 @@ class Broker:
         return None
 
     async def commit(self, fut: Future[BatchOutcome]) -> BatchOutcome:
-        return await asyncio.wait_for(
-            asyncio.wrap_future(fut), self.config.commit_timeout_ms / 1000 + 1
-        )
+        try:
+            return await asyncio.wait_for(
+                asyncio.wrap_future(fut), self.config.commit_timeout_ms / 1000 + 1
+            )
+        except ApplyRejected as exc:
+            if str(exc).startswith(TOO_MANY_TOPICS):  # the limit, met at apply
+                raise _too_many_topics(str(exc)) from None
+            raise
+
+    def check_topic_room(self, creates: Mapping[str, int]) -> None:
+        """429 ``too_many_topics`` when creating ``creates`` would pass ``max_topics`` or
+        ``max_queues`` (apply checks again, so a race between two creators ends the same)."""
+        store = self.raftlog.store
+        fresh = {t: n for t, n in creates.items() if store.queue_count(t) is None}
+        if not fresh:
+            return
+        queues = list(store.topics.values())  # the Raft thread adds topics: copy first
+        problem = store.topic_limits.refusal(len(queues), sum(len(q) for q in queues), fresh)
+        if problem is not None:
+            raise _too_many_topics(problem)
 
     # ------------------------------------------------------------------ produce
 
@@ -413,6 +430,7 @@ class Broker:
             creates[topic] = self.config.default_topic_queues
         if any(m.topic == SCHEDULE_TOPIC for m in messages):
             self._create_schedule_topic(creates)
+        self.check_topic_room(creates)
         fut = self.raftlog.append(
             messages,
             key=key,
@@ -615,6 +633,7 @@ class Broker:
                 reconsume_times=decision.reconsume_times,
             )
         key = f"retry:{group}:{topic}:{queue}:{offset}"
+        self.check_topic_room(creates)
         fut = self.raftlog.append(
             [new],
             key=key,
@@ -739,3 +758,8 @@ class Broker:
             if n.get("reachable"):
                 n["replication_lag"] = commit - n.get("applied_index", 0)
         return {"leader": leader, "term": term, "nodes": nodes}
+
+
+def _too_many_topics(problem: str) -> ApiError:
+    message = problem.removeprefix(TOO_MANY_TOPICS + ": ")
+    return ApiError(429, TOO_MANY_TOPICS, message, "topic")

@@ -211,6 +211,35 @@ KEYS: tuple[Key, ...] = (
     ),
     Key("auto_create_topic", bool, True, "Create a topic on its first produce."),
     Key("default_topic_queues", int, 4, "Queues of an auto-created topic.", min=1, max=1024),
+    # Bounds on growth and on open files.
+    Key(
+        "max_topics",
+        int,
+        10_000,
+        "Most topics the cluster holds. Creating one more (auto-create on produce, a retry or "
+        "DLQ topic) answers 429 too_many_topics naming the topic; checked at the edge and at "
+        "apply, so every replica agrees. Set it equal on every node.",
+        min=1,
+        max=1_000_000,
+    ),
+    Key(
+        "max_queues",
+        int,
+        80_000,
+        "Most queues over all topics; past it topic creation answers 429 too_many_topics like "
+        "max_topics. Set it equal on every node.",
+        min=1,
+        max=10_000_000,
+    ),
+    Key(
+        "max_topics_listed",
+        int,
+        1_000,
+        "Most topics one GET /v1/topics answers; it pages on with ?after=<last topic> and says "
+        "truncated: true when more follow.",
+        min=1,
+        max=100_000,
+    ),
     # Group commit and Raft.
     Key(
         "batch_max_messages",
@@ -443,6 +472,23 @@ KEYS: tuple[Key, ...] = (
         "Directory for replication/latency/event logs read by `chronomq report`; empty: <data_dir>/ops.",
     ),
     Key("ops_log_enabled", bool, True, "Write replication, latency and event logs.", runtime=True),
+    Key(
+        "ops_log_retention_h",
+        int,
+        72,
+        "Rotated ops log files older than this many hours are deleted; 0 keeps them.",
+        min=0,
+        max=100_000,
+    ),
+    Key(
+        "ops_log_max_bytes",
+        int,
+        8 * 1024 * 1024 * 1024,
+        "Bound on one node's ops log files together: past it rotated files are deleted, "
+        "oldest first (the files being written are kept); 0 means no bound.",
+        min=0,
+        max=1 << 50,
+    ),
     Key(
         "ops_log_sample_rate",
         float,
@@ -709,6 +755,8 @@ class NodeConfig:
             idempotency_window_s=self.idempotency_window_s,
             idempotency_max_keys=self.idempotency_max_keys,
             default_topic_queues=self.default_topic_queues,
+            max_topics=self.max_topics,
+            max_queues=self.max_queues,
             append_entries_period_ms=self.append_entries_period_ms,
             append_entries_use_batch=self.append_entries_use_batch,
             append_entries_batch_bytes=self.append_entries_batch_bytes,

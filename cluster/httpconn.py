@@ -27,9 +27,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import errno
 import logging
-import resource
+import socket
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,8 +48,14 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_LINE_BYTES = 8190
 MAX_FIELD_BYTES = 8190
 MAX_HEADERS = 128
-#: File descriptors a node needs besides HTTP connections (segments, Raft, catch-up, logs).
-_RESERVED_FDS = 256
+#: Connections accepted per readiness event of the listening socket.
+ACCEPT_BATCH = 64
+#: Out of descriptors, the listener pauses this long, doubling up to the maximum.
+ACCEPT_BACKOFF_MIN_S = 0.01
+ACCEPT_BACKOFF_MAX_S = 1.0
+#: At most one warning about failed accepts per this interval.
+ACCEPT_LOG_INTERVAL_S = 10.0
+_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 _REFUSAL = (
     b"HTTP/1.1 503 Service Unavailable\r\n"
@@ -310,35 +318,146 @@ class GuardedSite(web.BaseSite):
         server = self._runner.server
         assert server is not None
         self._guard.factory = server
-        _check_open_file_limit(self._guard.limits.max_connections)
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
+        infos = await loop.getaddrinfo(
+            self._host, self._port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        family, type_, proto, _, address = infos[0]
+        sock = socket.socket(family, type_, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+            sock.listen(self._backlog)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        self._server = Acceptor(
+            sock,
             self._guard,
-            self._host,
-            self._port,
-            ssl=self._ssl_context,
+            ssl_context=self._ssl_context,
             ssl_handshake_timeout=self._guard.limits.header_timeout_s
             if self._ssl_context
             else None,
-            backlog=self._backlog,
-            reuse_address=True,
         )
 
 
-def _check_open_file_limit(max_connections: int) -> None:
-    """Raise the soft open-file limit towards the hard one when the cap needs it; warn if it
-    still cannot hold ``max_connections`` (accept() would then fail before the cap bites)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = max_connections + _RESERVED_FDS
-    if soft != resource.RLIM_INFINITY and soft < want:
-        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
-            soft = new
-        if soft < want:
-            log.warning(
-                "the open-file limit (%d) is below max_http_connections + %d; "
-                "lower max_http_connections or raise the limit",
-                soft,
-                _RESERVED_FDS,
+class Acceptor(asyncio.AbstractServer):
+    """Accepts connections on a listening socket and hands them to the guard's protocol.
+
+    asyncio's own accept loop, out of descriptors (EMFILE), logs an error with a traceback for
+    every pending connection of the backlog and schedules as many retries, each of which
+    does the same: a node short of descriptors filled its disk with those lines. Here a
+    failed ``accept`` pauses the listener (the kernel keeps the backlog) for a back-off that
+    doubles from :data:`ACCEPT_BACKOFF_MIN_S` to :data:`ACCEPT_BACKOFF_MAX_S`, and one
+    warning per :data:`ACCEPT_LOG_INTERVAL_S` says how many accepts failed meanwhile.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        protocol_factory: Callable[[], asyncio.Protocol],
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        ssl_handshake_timeout: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._sock = sock
+        self._factory = protocol_factory
+        self._ssl = ssl_context
+        self._ssl_handshake_timeout = ssl_handshake_timeout
+        self._loop = asyncio.get_running_loop()
+        self._clock = clock
+        self._serving = True
+        self._paused: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.backoff_s = 0.0
+        self.failures = 0  # accepts that failed for want of resources, in all
+        self._unlogged = 0
+        self._logged_at: float | None = None
+        self._loop.add_reader(sock.fileno(), self._readable)
+
+    @property
+    def sockets(self) -> tuple[socket.socket, ...]:
+        return (self._sock,) if self._serving else ()
+
+    def _readable(self) -> None:
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, _addr = self._sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:
+                if exc.errno not in _OUT_OF_RESOURCES:
+                    log.warning("accept() on %s failed: %s", self._sock.getsockname(), exc)
+                    return
+                self._out_of_resources(exc)
+                return
+            self.backoff_s = 0.0
+            conn.setblocking(False)
+            task = self._loop.create_task(self._start(conn))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _start(self, conn: socket.socket) -> None:
+        try:
+            await self._loop.connect_accepted_socket(
+                self._factory,
+                conn,
+                ssl=self._ssl,
+                ssl_handshake_timeout=self._ssl_handshake_timeout,
             )
+        except (OSError, ssl.SSLError, TimeoutError) as exc:
+            log.debug("connection setup failed: %s", exc)
+            conn.close()
+
+    def _out_of_resources(self, exc: OSError) -> None:
+        self.failures += 1
+        self._unlogged += 1
+        self.backoff_s = min(max(self.backoff_s * 2, ACCEPT_BACKOFF_MIN_S), ACCEPT_BACKOFF_MAX_S)
+        now = self._clock()
+        if self._logged_at is None or now - self._logged_at >= ACCEPT_LOG_INTERVAL_S:
+            log.warning(
+                "accept() failed %d times since the last report (%s): pausing the listener "
+                "%.0f ms; lower max_http_connections or raise the open-file limit",
+                self._unlogged,
+                exc.strerror,
+                self.backoff_s * 1000,
+            )
+            self._logged_at = now
+            self._unlogged = 0
+        self._loop.remove_reader(self._sock.fileno())
+        self._paused = self._loop.call_later(self.backoff_s, self._resume)
+
+    def _resume(self) -> None:
+        self._paused = None
+        if self._serving:
+            self._loop.add_reader(self._sock.fileno(), self._readable)
+
+    # asyncio.AbstractServer
+
+    def close(self) -> None:
+        if not self._serving:
+            return
+        self._serving = False
+        if self._paused is not None:
+            self._paused.cancel()
+            self._paused = None
+        self._loop.remove_reader(self._sock.fileno())
+        self._sock.close()
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def is_serving(self) -> bool:
+        return self._serving
+
+    async def start_serving(self) -> None:
+        return None
+
+    async def serve_forever(self) -> None:
+        raise NotImplementedError("the node's HTTP listener serves from start()")
+
+    async def wait_closed(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -113,6 +113,8 @@ class NodeLogs:
                 writer_config or LogWriterConfig(),
                 enabled=bool(config.ops_log_enabled),
                 sample_rate=float(config.ops_log_sample_rate),
+                retention_ms=int(config.ops_log_retention_h) * 3_600_000,
+                max_total_bytes=int(config.ops_log_max_bytes),
             ),
         )
         self._clock = clock or (raftlog.clock if raftlog is not None else SystemClock())

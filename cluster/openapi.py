@@ -116,7 +116,9 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
         ["offset", "max", "wait_ms"],
     ),
     ("GET", "/v1/topics"): (
-        "List topics with their number of queues and messages.",
+        "List topics in name order with their number of queues and messages, a page of at "
+        "most max_topics_listed (or limit) after the topic named by after; truncated: true "
+        "when more follow, from next_after.",
         None,
         {
             "type": "object",
@@ -124,10 +126,12 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
                 "topics": {
                     "type": "array",
                     "items": _object(topic="string", queues="integer", messages="integer"),
-                }
+                },
+                "truncated": {"type": "boolean"},
+                "next_after": {"type": ["string", "null"]},
             },
         },
-        [],
+        ["after", "limit"],
     ),
     ("GET", "/v1/topics/{topic}"): (
         "Describe a topic: queues with min and max offsets.",
@@ -288,7 +292,7 @@ def spec(metrics_public: bool = False) -> dict[str, Any]:
                     "name": q,
                     "in": "query",
                     "required": False,
-                    "schema": {"type": "integer" if q != "topic" else "string"},
+                    "schema": {"type": "string" if q in ("topic", "after") else "integer"},
                 }
                 for q in query
             ],

@@ -9,6 +9,7 @@ state the node is in (starting, restoring, stuck), it is gone within
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -18,10 +19,11 @@ import sys
 import orjson
 from aiohttp import web
 
-from cluster import logs, malloc, reserved, tls
+from cluster import fdbudget, logs, malloc, reserved, tls
 from cluster.api import CONFIG_HOOKS, CONNECTIONS, METRICS, create_app
 from cluster.broker import Broker
 from cluster.config import ConfigError, NodeConfig, load
+from cluster.fdbudget import FdBudget
 from cluster.httpconn import GuardedSite
 from cluster.nodelogs import NodeLogs
 from cluster.nodelogs import install_metrics as install_log_metrics
@@ -51,8 +53,9 @@ async def serve(
     clock = SkewedClock(skew_file) if skew_file else None
     if skew_file:
         log.warning("wall clock skewed by the offset in %s (a drill fault)", skew_file)
+    budget = fd_budget(config)
     raftlog = RaftLog(
-        config.raft_config(),
+        dataclasses.replace(config.raft_config(), max_open_cq_files=budget.cache_files),
         clock=clock,
         auto_create_topics=config.auto_create_topic,
         extensions=reserved.APPLY_EXTENSIONS,
@@ -63,6 +66,8 @@ async def serve(
     broker.logs = node_logs
     services = start_services(config, raftlog, broker)
     app = create_app(broker)
+    guard = app[CONNECTIONS]
+    guard.limits = dataclasses.replace(guard.limits, max_connections=budget.http_connections)
     app[CONFIG_HOOKS].append(node_logs.on_config_change)
     install_log_metrics(app[METRICS].registry, node_logs)
     runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=5.0)
@@ -79,10 +84,11 @@ async def serve(
         node_logs.close()
         return 2
     log.info(
-        "node %s serving HTTP on %s, Raft on %s",
+        "node %s serving HTTP on %s, Raft on %s; %s",
         config.node_id,
         config.http_url,
         config.raft_address,
+        budget.describe(),
     )
     await stop.wait()
     log.info("stopping: finishing in-flight requests")
@@ -92,6 +98,27 @@ async def serve(
     await asyncio.to_thread(node_logs.close)
     log.info("stopped")
     return 0
+
+
+def fd_budget(config: NodeConfig) -> FdBudget:
+    """Raise the open-file limit and share it out (:mod:`cluster.fdbudget`)."""
+    soft, hard = fdbudget.raise_soft_limit()
+    budget = fdbudget.plan(soft, config.max_http_connections)
+    if budget.cramped:
+        log.warning(
+            "the open-file limit %d (hard %d) is too low to share out well (%s); raise it",
+            soft,
+            hard,
+            budget.describe(),
+        )
+    elif budget.http_connections < config.max_http_connections:
+        log.warning(
+            "max_http_connections %d lowered to %d to fit the open-file limit %d",
+            config.max_http_connections,
+            budget.http_connections,
+            soft,
+        )
+    return budget
 
 
 def run(config_path: str | None, overrides: dict[str, str] | None = None) -> int:

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import itertools
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from cluster import fdbudget
 from cluster.launcher import LocalCluster, parse_sets
 from ops.benchdir import add_data_dir_argument, bench_dir
 from ops.output import print_rows, write_json
@@ -31,14 +34,20 @@ def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def topic_names(base: str, count: int) -> list[str]:
+    """The topics a run spreads its messages over: ``base`` alone, or ``base-0`` .. ``base-N-1``."""
+    return [base] if count <= 1 else [f"{base}-{i}" for i in range(count)]
+
+
 async def _produce_inprocess(
-    rl: Any, total: int, producers: int, batch: int, body: bytes, topic: str
+    rl: Any, total: int, producers: int, batch: int, body: bytes, topics: list[str]
 ) -> tuple[float, list[float]]:
     from raftlog.node import NewMessage
 
     lat: list[float] = []
     sent = 0
-    msgs = [NewMessage(topic, body) for _ in range(batch)]
+    msgs = {t: [NewMessage(t, body) for _ in range(batch)] for t in topics}
+    turn = itertools.cycle(topics)
 
     async def producer() -> None:
         nonlocal sent
@@ -46,7 +55,7 @@ async def _produce_inprocess(
             n = min(batch, total - sent)
             sent += n
             t0 = time.perf_counter()
-            await asyncio.wrap_future(rl.append(msgs[:n]))
+            await asyncio.wrap_future(rl.append(msgs[next(turn)][:n]))
             lat.append((time.perf_counter() - t0) * 1000)
 
     t0 = time.perf_counter()
@@ -91,14 +100,15 @@ async def _steady_inprocess(
 
 
 async def _produce_http(
-    cluster: LocalCluster, total: int, producers: int, batch: int, body: str, topic: str
+    cluster: LocalCluster, total: int, producers: int, batch: int, body: str, topics: list[str]
 ) -> tuple[float, list[float]]:
     from cluster.client import Client
 
     lat: list[float] = []
     sent = 0
+    turn = itertools.cycle(topics)
     async with Client(cluster.urls, token=cluster.auth_token, ca_file=cluster.ca_file) as client:
-        await client.produce(topic, [{"body": body}])  # find the leader, create the topic
+        await client.produce(topics[0], [{"body": body}])  # find the leader, create the topic
 
         async def producer() -> None:
             nonlocal sent
@@ -106,7 +116,7 @@ async def _produce_http(
                 n = min(batch, total - sent)
                 sent += n
                 t0 = time.perf_counter()
-                await client.produce(topic, [{"body": body}] * n)
+                await client.produce(next(turn), [{"body": body}] * n)
                 lat.append((time.perf_counter() - t0) * 1000)
 
         t0 = time.perf_counter()
@@ -136,8 +146,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "body_bytes": args.body_bytes,
         "producers": args.producers,
         "batch": args.batch,
+        "topics": args.topics,
         "settings": settings,
     }
+    topics = topic_names("bench", args.topics)
     rl = None
     try:
         if args.http:
@@ -145,7 +157,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             cluster.wait_leader(60)
             _progress(f"cluster of {args.nodes} up; producing {args.messages} messages over HTTP")
             elapsed, lat = asyncio.run(
-                _produce_http(cluster, args.messages, args.producers, args.batch, body, "bench")
+                _produce_http(cluster, args.messages, args.producers, args.batch, body, topics)
             )
         else:
             from cluster.config import load
@@ -154,7 +166,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for i in range(1, args.nodes):
                 cluster.start(i)
             cfg = load(cluster.node_dir(0) / "node.toml", environ={})
-            rl = RaftLog(cfg.raft_config())
+            budget = fdbudget.plan(fdbudget.raise_soft_limit()[0], cfg.max_http_connections)
+            rl = RaftLog(
+                dataclasses.replace(cfg.raft_config(), max_open_cq_files=budget.cache_files),
+            )
             if not rl.wait_leader(60):
                 raise RuntimeError("the in-process node did not become leader")
             _progress(
@@ -162,7 +177,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             elapsed, lat = asyncio.run(
                 _produce_inprocess(
-                    rl, args.messages, args.producers, args.batch, body.encode(), "bench"
+                    rl, args.messages, args.producers, args.batch, body.encode(), topics
                 )
             )
         lat.sort()
@@ -211,6 +226,7 @@ def main(args: argparse.Namespace) -> int:
             "mode",
             "messages",
             "body_bytes",
+            "topics",
             "messages_per_s",
             "mb_per_s",
             "commit_latency_ms_p50",
@@ -231,7 +247,8 @@ def register(subparsers: Any) -> None:
         help="committed throughput and commit latency of the replicated log",
         description=__doc__,
         epilog="examples:\n  chronomq bench produce --nodes 3 --messages 300000 --rate 10000 --duration 20 --out produce.json\n"
-        "  chronomq bench produce --http --nodes 3 --batch 100 --messages 200000",
+        "  chronomq bench produce --http --nodes 3 --batch 100 --messages 200000\n"
+        "  chronomq bench produce --nodes 3 --messages 200000 --topics 2500  # 10,000 queues",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
@@ -241,6 +258,13 @@ def register(subparsers: Any) -> None:
         "--messages", type=int, default=200_000, help="messages of the as-fast-as-possible phase"
     )
     p.add_argument("--body-bytes", type=int, default=256, help="body size (default 256)")
+    p.add_argument(
+        "--topics",
+        type=int,
+        default=1,
+        help="spread the messages over this many topics (bench-0 ..), each of "
+        "default_topic_queues queues, one request after another (default 1: topic bench)",
+    )
     p.add_argument("--producers", type=int, default=64, help="concurrent producers (default 64)")
     p.add_argument(
         "--batch",

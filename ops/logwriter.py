@@ -72,8 +72,17 @@ class LogWriterConfig:
     rotate_bytes: int = 64 * 1024 * 1024
     flush_interval_ms: int = 1_000
     drain_interval_ms: int = 50
+    #: Rotated files older than this are deleted (0: kept whatever their age).
+    retention_ms: int = 0
+    #: Rotated files are deleted, oldest first, while all files together exceed this (0: no
+    #: bound). The file being written is never deleted.
+    max_total_bytes: int = 0
+    #: How often the writer thread looks for files to delete (also after every rotation).
+    prune_interval_ms: int = 60_000
 
     def __post_init__(self) -> None:
+        if self.retention_ms < 0 or self.max_total_bytes < 0:
+            raise ValueError("log retention_ms and max_total_bytes must be >= 0")
         if not 0.0 <= self.sample_rate <= 1.0:
             raise ValueError(f"log sample_rate must be within 0..1, got {self.sample_rate}")
         if self.buffer_records < 1:
@@ -171,6 +180,60 @@ class RotatingFile:
             self._file = None
 
 
+@dataclass(frozen=True, slots=True)
+class _LogFile:
+    path: Path
+    record_type: str
+    seq: int
+    size_bytes: int
+    mtime_ms: int
+
+
+_FILE_NAME = re.compile(r"^(?P<type>[a-z_]+)-(?P<seq>\d+)\.jsonl$")
+
+
+def prune(directory: Path, now_ms: int, retention_ms: int, max_total_bytes: int) -> list[Path]:
+    """Delete rotated log files in ``directory``: those older than ``retention_ms`` (by
+    modification time), then the oldest while all files exceed ``max_total_bytes``. The newest
+    file of each record type (the one being written) is never deleted. Returns what went.
+    """
+    files: list[_LogFile] = []
+    for entry in os.scandir(directory):
+        m = _FILE_NAME.match(entry.name)
+        if m is None or not entry.is_file(follow_symlinks=False):
+            continue
+        st = entry.stat(follow_symlinks=False)
+        files.append(
+            _LogFile(
+                Path(entry.path), m["type"], int(m["seq"]), st.st_size, st.st_mtime_ns // 1_000_000
+            )
+        )
+    current: dict[str, _LogFile] = {}
+    for f in files:
+        if f.record_type not in current or f.seq > current[f.record_type].seq:
+            current[f.record_type] = f
+    rotated = sorted(
+        (f for f in files if current[f.record_type] is not f), key=lambda f: (f.mtime_ms, f.seq)
+    )
+    total = sum(f.size_bytes for f in files)
+    deleted: list[Path] = []
+    for f in rotated:
+        too_old = retention_ms > 0 and now_ms - f.mtime_ms > retention_ms
+        too_big = max_total_bytes > 0 and total > max_total_bytes
+        if not (too_old or too_big):
+            continue
+        try:
+            f.path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            _log.error("cannot delete old log file %s: %s", f.path, exc)
+            continue
+        total -= f.size_bytes
+        deleted.append(f.path)
+    return deleted
+
+
 class LogWriter:
     """Background JSON-lines writer of one node. Start with :meth:`start`, end with :meth:`close`.
 
@@ -182,7 +245,12 @@ class LogWriter:
     """
 
     def __init__(
-        self, directory: str | os.PathLike[str], node: str, config: LogWriterConfig | None = None
+        self,
+        directory: str | os.PathLike[str],
+        node: str,
+        config: LogWriterConfig | None = None,
+        *,
+        wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
         if not node or "/" in node or node in (".", ".."):
             raise ValueError(f"node must be a plain directory name, got {node!r}")
@@ -203,6 +271,10 @@ class LogWriter:
         self._drops_reported = 0
         self._files: dict[RecordType, RotatingFile] = {}
         self._high_water = max(1, self.config.buffer_records // 2)
+        self._wall_ms = wall_ms
+        self._pruned_at_ms: int | None = None
+        self._rotations_seen = 0
+        self.files_deleted = 0
 
     # -- caller side: no I/O, no waiting ----------------------------------------------------
 
@@ -332,6 +404,7 @@ class LogWriter:
             if stopping or now >= next_flush:
                 self._report_drops()
                 self._flush()
+                self.prune_old_files()
                 next_flush = now + flush_s
             if stopping:
                 break
@@ -414,6 +487,32 @@ class LogWriter:
                 )
         with self._count_lock:
             self._written += written
+
+    def prune_old_files(self, force: bool = False) -> list[Path]:
+        """Apply ``retention_ms`` and ``max_total_bytes`` (writer thread): after a rotation,
+        and otherwise once per ``prune_interval_ms`` of the wall clock."""
+        config = self.config
+        if not (config.retention_ms or config.max_total_bytes) or not self.directory.is_dir():
+            return []
+        now_ms = self._wall_ms()
+        rotations = sum(f.opened for f in self._files.values())
+        due = (
+            force
+            or rotations != self._rotations_seen
+            or self._pruned_at_ms is None
+            or now_ms - self._pruned_at_ms >= config.prune_interval_ms
+        )
+        if not due:
+            return []
+        self._rotations_seen = rotations
+        self._pruned_at_ms = now_ms
+        try:
+            deleted = prune(self.directory, now_ms, config.retention_ms, config.max_total_bytes)
+        except OSError as exc:
+            _log.error("log writer %s: pruning old files failed: %s", self.node, exc)
+            return []
+        self.files_deleted += len(deleted)
+        return deleted
 
     def _flush(self) -> None:
         for f in self._files.values():

@@ -32,6 +32,10 @@ class RaftConfig:
     idempotency_window_s: int = 600  # clients' keys, by the commands' propose times
     idempotency_max_keys: int = 100_000  # clients' keys held at most
     default_topic_queues: int = 4
+    # Bounds on growth and open files (see raftlog.store.TopicLimits; equal on every node).
+    max_topics: int = 10_000
+    max_queues: int = 80_000
+    max_open_cq_files: int = 512
     # pysyncobj.
     append_entries_period_ms: int = 50
     append_entries_use_batch: bool = False

@@ -34,7 +34,11 @@ log = logging.getLogger(__name__)
 
 UNIT = struct.Struct(">QIq")
 UNIT_SIZE = UNIT.size  # 20
-_MAX_OPEN_FILES = 2048
+#: Open queue files kept by default; a node sizes it from its file-descriptor budget
+#: (:mod:`cluster.fdbudget`).
+DEFAULT_MAX_OPEN_FILES = 512
+#: How many handles an open that fails with EMFILE/ENFILE closes before trying once more.
+_EMFILE_EVICT_FRACTION = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +60,33 @@ def tags_hash(tags: str | None) -> int:
 
 
 class ConsumeQueueStore:
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    """Every ConsumeQueue of a node, with a bounded LRU cache of open file handles.
+
+    ``max_open_files`` bounds the cache. Evicting a handle never fsyncs under
+    ``flush="async"`` (a closed file's written pages stay in the page cache and reach disk like
+    any other; :meth:`sync` is what makes them durable), so a node writing to more queues than
+    it keeps open pays an ``open``/``close`` per miss, not an ``fsync``. Under
+    ``flush="sync"`` the store syncs each queue when it writes it, so an evicted handle has
+    nothing dirty in the common case, and the rare dirty one is synced before it is closed.
+    An open that fails for want of descriptors (EMFILE, ENFILE) evicts a quarter of the cache
+    and tries once more before giving up.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        max_open_files: int = DEFAULT_MAX_OPEN_FILES,
+        flush: str = "async",
+    ) -> None:
+        if max_open_files < 1:
+            raise ValueError("max_open_files must be at least 1")
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.max_open_files = max_open_files
+        self.flush = flush
+        self.evictions = 0
+        self.emfile_retries = 0
         self._lock = threading.RLock()
         self._fds: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._units: dict[tuple[str, int], int] = {}
@@ -100,15 +128,40 @@ class ConsumeQueueStore:
             return fd
         path = self._path(*key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        # Make room first: the cache never holds more than its budget, even for a moment.
+        while len(self._fds) >= self.max_open_files:
+            self._evict_oldest()
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE) or not self._fds:
+                raise
+            # Out of descriptors (sockets took them): give some back and try once more.
+            self.emfile_retries += 1
+            for _ in range(max(1, len(self._fds) // _EMFILE_EVICT_FRACTION)):
+                self._evict_oldest()
+            log.warning(
+                "out of file descriptors opening ConsumeQueue %s/%d: closed cached handles, "
+                "%d left open",
+                key[0],
+                key[1],
+                len(self._fds),
+            )
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         self._fds[key] = fd
-        if len(self._fds) > _MAX_OPEN_FILES:
-            old_key, old_fd = self._fds.popitem(last=False)
-            if old_key in self._dirty:
-                os.fsync(old_fd)
-                self._dirty.discard(old_key)
-            os.close(old_fd)
         return fd
+
+    def _evict_oldest(self) -> None:
+        old_key, old_fd = self._fds.popitem(last=False)
+        self.evictions += 1
+        if self.flush == "sync" and old_key in self._dirty:
+            os.fsync(old_fd)
+            self._dirty.discard(old_key)
+        os.close(old_fd)
+
+    @property
+    def open_files(self) -> int:
+        return len(self._fds)
 
     # ------------------------------------------------------------------ queries
 
@@ -210,7 +263,15 @@ class ConsumeQueueStore:
 
     def close(self) -> None:
         with self._lock:
-            self.sync()
+            if self.flush == "sync":
+                self.sync()
+            else:
+                # Evicted queues' pages are in the page cache like the rest of an async node's
+                # writes; reopening thousands of files to fsync them would only slow the stop.
+                for key, fd in self._fds.items():
+                    if key in self._dirty:
+                        os.fsync(fd)
+                self._dirty.clear()
             for fd in self._fds.values():
                 os.close(fd)
             self._fds.clear()

@@ -42,7 +42,7 @@ from raftlog.errors import (
 )
 from raftlog.extension import ApplyExtension, check_name
 from raftlog.machine import ReplicatedLog, _addr
-from raftlog.store import ApplyResult, BatchOutcome, Store
+from raftlog.store import ApplyResult, BatchOutcome, Store, TopicLimits
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,8 @@ class RaftLog:
             idempotency_window=config.idempotency_window,
             client_window_ms=config.idempotency_window_s * 1000,
             client_max_keys=config.idempotency_max_keys,
+            topic_limits=TopicLimits(config.max_topics, config.max_queues),
+            max_open_cq_files=config.max_open_cq_files,
         )
         if extensions is not None:
             self.store.expected_extensions = frozenset(extensions)

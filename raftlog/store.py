@@ -44,7 +44,7 @@ from raftlog import applycheck, record
 from raftlog import command as cmdcodec
 from raftlog.chain import BLOCK_BYTES, Chain, RangeCheck
 from raftlog.commitlog import CommitLog
-from raftlog.consumequeue import UNIT, ConsumeQueueStore, CqUnit
+from raftlog.consumequeue import DEFAULT_MAX_OPEN_FILES, UNIT, ConsumeQueueStore, CqUnit
 from raftlog.errors import ApplyRejected, NodeFault, StoreCorruption
 from raftlog.extension import ApplyContext, ApplyExtension, DerivedRecord, check_name
 
@@ -89,6 +89,44 @@ _REJECTED_LAST_CHARS = 300
 
 #: A client's idempotency key came back with another request (fingerprint) within its window.
 KEY_REUSED = 3
+#: The detail of a batch refused at apply because it would create a topic past
+#: :class:`TopicLimits` starts with this (the edge turns it into 429 ``too_many_topics``).
+TOO_MANY_TOPICS = "too_many_topics"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicLimits:
+    """How many topics, and queues over all topics, apply lets batches create.
+
+    A batch whose creations would pass either is rejected whole (``REJECTED``, field
+    ``topic``, detail starting with :data:`TOO_MANY_TOPICS`). The limits come from the node's
+    config and must be equal on every node, like ``record_rules``; topics that exist are never
+    touched, so a lower limit only stops new ones.
+    """
+
+    max_topics: int = 10_000
+    max_queues: int = 80_000
+
+    def refusal(self, topics: int, queues: int, creates: Mapping[str, int]) -> str | None:
+        """Why creating ``creates`` next to ``topics`` topics of ``queues`` queues in all is
+        refused, or None."""
+        if not creates:
+            return None
+        new_topics = topics + len(creates)
+        new_queues = queues + sum(int(n) for n in creates.values())
+        if new_topics > self.max_topics:
+            names = ", ".join(sorted(creates))
+            return (
+                f"{TOO_MANY_TOPICS}: creating topic {names} would make {new_topics} topics, "
+                f"more than max_topics {self.max_topics}"
+            )
+        if new_queues > self.max_queues:
+            names = ", ".join(sorted(creates))
+            return (
+                f"{TOO_MANY_TOPICS}: creating topic {names} would make {new_queues} queues, "
+                f"more than max_queues {self.max_queues}"
+            )
+        return None
 
 
 def key_digest(key: str) -> bytes:
@@ -239,12 +277,17 @@ class Store:
         idempotency_window: int = DEFAULT_IDEMPOTENCY_WINDOW,
         client_window_ms: int = DEFAULT_CLIENT_WINDOW_MS,
         client_max_keys: int = DEFAULT_CLIENT_MAX_KEYS,
+        topic_limits: TopicLimits | None = None,
+        max_open_cq_files: int = DEFAULT_MAX_OPEN_FILES,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.commitlog = CommitLog(
             self.data_dir / "commitlog", segment_bytes=segment_bytes, flush=flush
         )
-        self.cqs = ConsumeQueueStore(self.data_dir / "consumequeue")
+        self.cqs = ConsumeQueueStore(
+            self.data_dir / "consumequeue", max_open_files=max_open_cq_files, flush=flush
+        )
+        self.topic_limits = topic_limits or TopicLimits()
         # Limits for commands that carry none (written before commands carried them).
         self.default_idem = cmdcodec.IdemLimits(
             client_window_ms, client_max_keys, idempotency_window
@@ -628,9 +671,20 @@ class Store:
                 outcomes.append(BatchOutcome(batch.key, REJECTED, detail=detail, field=field))
                 self._remember(batch, cmd.propose_ms, limits, 0, 0, REJECTED)
                 continue
-            for topic, n in creates.items():
-                if topic not in self.topics:
-                    self.topics[topic] = [0] * int(n)
+            fresh = {t: int(n) for t, n in creates.items() if t not in self.topics}
+            too_many = (
+                self.topic_limits.refusal(
+                    len(self.topics), sum(len(q) for q in self.topics.values()), fresh
+                )
+                if fresh
+                else None
+            )
+            if too_many is not None:
+                outcomes.append(BatchOutcome(batch.key, REJECTED, detail=too_many, field="topic"))
+                self._remember(batch, cmd.propose_ms, limits, 0, 0, REJECTED)
+                continue
+            for topic, n in fresh.items():
+                self.topics[topic] = [0] * n
             if batch.updates:
                 for k, v in batch.updates.items():
                     if v is None:
