@@ -281,13 +281,17 @@ async def produce(request: web.Request) -> web.Response:
     if forwarded is not None:
         return forwarded
     broker = request.app[BROKER]
-    body = await read_json(request)
-    if not isinstance(body, dict):
-        raise bad_request("the body must be a JSON object with a messages list", "body")
     idem = request.headers.get("Idempotency-Key")
     if idem is not None and not 1 <= len(idem) <= 200:
         raise bad_request("Idempotency-Key must be 1 to 200 characters", "Idempotency-Key")
-    result = await broker.produce(request.match_info["topic"], body.get("messages"), idem)
+    # Back-pressure in bytes, before the body is read: a chunked body (no length) counts as
+    # the largest one allowed.
+    size = request.content_length
+    with broker.hold_request(size if size is not None else broker.config.max_request_bytes):
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise bad_request("the body must be a JSON object with a messages list", "body")
+        result = await broker.produce(request.match_info["topic"], body.get("messages"), idem)
     request.app[METRICS].produced.inc(len(result["results"]))
     return json_response(result)
 

@@ -15,7 +15,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -34,7 +34,7 @@ from cluster.pull import (
     read_page,
 )
 from raftlog import record
-from raftlog.errors import ApplyRejected, UnknownTopic
+from raftlog.errors import ApplyRejected, Overloaded, UnknownTopic
 from raftlog.node import NewMessage, RaftLog
 from raftlog.store import TOO_MANY_TOPICS, ApplyResult, BatchOutcome
 from schedule import properties as schedule_props
@@ -71,6 +71,7 @@ class Broker:
     def __init__(self, config: NodeConfig, raftlog: RaftLog) -> None:
         self.config = config
         self.raftlog = raftlog
+        self._held_request_bytes = 0  # produce bodies being read, parsed or committed
         self.levels = DelayLevelTable.parse(config.message_delay_level)
         self.started_monotonic = time.monotonic()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -206,6 +207,25 @@ class Broker:
             if p.raft == raft_address:
                 return p.id
         return None
+
+    @contextlib.contextmanager
+    def hold_request(self, size: int) -> Iterator[None]:
+        """Count a produce request's ``size`` bytes (its declared body) while it is read,
+        parsed and committed; refuse it at once with 429 (:class:`Overloaded`) when they and
+        the bytes of the produce requests already held pass ``max_pending_bytes``. One request
+        alone is always taken (``max_request_bytes`` bounds it). The group committer applies
+        the same limit to the encoded batches of every writer (deliveries included)."""
+        limit = self.raftlog.config.max_pending_bytes
+        held = self._held_request_bytes
+        if held and held + size > limit:
+            raise Overloaded(
+                f"{held} bytes of produce requests are held (max_pending_bytes {limit})"
+            )
+        self._held_request_bytes += size
+        try:
+            yield
+        finally:
+            self._held_request_bytes -= size
 
     async def commit(self, fut: Future[BatchOutcome]) -> BatchOutcome:
         try:

@@ -28,6 +28,19 @@ if TYPE_CHECKING:
     from ops.logwriter import LogWriter, WriterStats
 
 RETRYABLE = {429, 502, 503, 504}
+MAX_RETRY_AFTER_S = 5.0
+
+
+def _retry_after_s(value: str | None) -> float:
+    """A Retry-After header in seconds (the delay form only), at most MAX_RETRY_AFTER_S."""
+    if not value:
+        return 0.0
+    try:
+        return min(max(float(value), 0.0), MAX_RETRY_AFTER_S)
+    except ValueError:
+        return 0.0
+
+
 TIMER_OUT_MS = "TIMER_OUT_MS"
 """Property of a timer message: its deliver time (kept on the delivered message)."""
 REAL_TOPIC = "REAL_TOPIC"
@@ -108,6 +121,7 @@ class Client:
         data = orjson.dumps(json_body) if json_body is not None else None
         hdrs = {"Content-Type": "application/json", **(headers or {})}
         while True:
+            retry_after_s = 0.0
             base = url or (
                 self._leader if write and self._leader else self.urls[attempt % len(self.urls)]
             )
@@ -129,12 +143,17 @@ class Client:
                     if r.status not in RETRYABLE:
                         raise ClientError(r.status, body)
                     last_error = ClientError(r.status, body)
+                    retry_after_s = _retry_after_s(r.headers.get("Retry-After"))
             except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
                 last_error = exc
                 if write and self._leader == base:
                     self._leader = None
             attempt += 1
             backoff = min(0.025 * 2**attempt, 0.25) * (0.5 + random.random())
+            if retry_after_s:
+                # The node said when to come back (429 overloaded, 503 with Retry-After): a
+                # write retried sooner only adds to its load. The same key goes again.
+                backoff = max(backoff, retry_after_s * (0.5 + random.random() / 2))
             if time.monotonic() + backoff > deadline:
                 if isinstance(last_error, ClientError):
                     raise last_error

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raftlog.config import RaftConfig, RaftPeer
+from raftlog.config import RaftConfig, RaftPeer, default_max_pending_bytes
 
 ENV_PREFIX = "CHRONOMQ_"
 MIN_SECRET_CHARS = 16
@@ -274,6 +274,18 @@ KEYS: tuple[Key, ...] = (
         max=10_000_000,
     ),
     Key(
+        "max_pending_bytes",
+        int,
+        0,
+        "Bytes of produce requests held by the leader (bodies being read, batches waiting "
+        "for commit or in flight) before produce answers 429 with Retry-After at once; "
+        "0 derives it: min(64 MiB, 1/16 of RAM), at least 16 MiB, so that what is held commits "
+        "well within commit_timeout_ms. A single request is always taken when nothing else "
+        "is held.",
+        min=0,
+        max=1 << 40,
+    ),
+    Key(
         "commit_timeout_ms",
         int,
         10_000,
@@ -343,10 +355,22 @@ KEYS: tuple[Key, ...] = (
         max=9,
     ),
     Key(
-        "raft_min_timeout_ms", int, 300, "Lower bound of the election timeout.", min=10, max=60_000
+        "raft_min_timeout_ms",
+        int,
+        1000,
+        "Lower bound of the election timeout. The heartbeat budget: a follower busy with a "
+        "large entry (up to max_message_size, or one append batch of a larger request) must "
+        "hear the leader within it; 300 deposed leaders under 4 MiB messages on 2 cores.",
+        min=10,
+        max=60_000,
     ),
     Key(
-        "raft_max_timeout_ms", int, 600, "Upper bound of the election timeout.", min=20, max=120_000
+        "raft_max_timeout_ms",
+        int,
+        2000,
+        "Upper bound of the election timeout.",
+        min=20,
+        max=120_000,
     ),
     Key(
         "connection_timeout_ms", int, 60_000, "Raft connection idle timeout.", min=100, max=600_000
@@ -750,6 +774,7 @@ class NodeConfig:
             batch_max_bytes=self.batch_max_bytes,
             max_inflight_commands=self.max_inflight_commands,
             max_pending_messages=self.max_pending_messages,
+            max_pending_bytes=self.max_pending_bytes or default_max_pending_bytes(),
             commit_timeout_ms=self.commit_timeout_ms,
             idempotency_window=self.idempotency_window,
             idempotency_window_s=self.idempotency_window_s,

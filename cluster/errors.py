@@ -68,6 +68,8 @@ def from_exception(exc: BaseException, leader_url: str | None = None) -> ApiErro
             {"Retry-After": "1"},
             extra,
         )
+    if isinstance(exc, rl.CommitOutcomeUnknown):
+        return ApiError(503, exc.code, str(exc), None, {"Retry-After": "1"})
     if isinstance(exc, rl.CommitTimeout | TimeoutError):
         return ApiError(
             503,

@@ -6,6 +6,12 @@ bounded by message count and bytes, keeps at most ``max_inflight`` commands prop
 and resolves each batch's future from pysyncobj's callback. Every command has a deadline: when
 it passes with no callback the batch fails with :class:`CommitTimeout` (its outcome is unknown,
 so a retry must reuse the idempotency key, which apply honours).
+
+Answers tell the truth: :class:`NotLeader` only for a batch that was never proposed (or whose
+entry was replaced by another leader's), :class:`CommitOutcomeUnknown` for one proposed when
+leadership changed or lapsed. Back-pressure counts messages and bytes: a batch is refused with
+:class:`Overloaded` while ``max_pending_messages`` or ``max_pending_bytes`` are held, the bytes
+counting every batch from submission until it is answered (queued or in flight).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pysyncobj import FAIL_REASON
 from raftlog import command as cmdcodec
 from raftlog.errors import (
     ApplyRejected,
+    CommitOutcomeUnknown,
     CommitTimeout,
     ConditionFailed,
     IdempotencyKeyReused,
@@ -66,16 +73,108 @@ class _InFlight:
     batches: list[PendingBatch]
     deadline: float
     proposed: float
+    size: int = 0
+
+
+def split_batch(batch: PendingBatch, max_command_bytes: int) -> list[PendingBatch]:
+    """A client's batch larger than ``max_command_bytes`` as parts of whole messages, each at
+    most that large (a single larger message alone); ``[batch]`` when it fits or cannot be
+    split (conditions and state updates stay in one command).
+
+    Part ``i`` has the key ``<key>#<i>`` and, for a client's key, the fingerprint
+    ``<fingerprint>#<i>``: each part is idempotent on its own, so a retry with the same key
+    stores only the parts that did not commit, and answers the others from the CommitLog.
+    """
+    if (
+        len(batch.blob) <= max_command_bytes
+        or len(batch.messages) < 2
+        or batch.expect
+        or batch.updates
+    ):
+        return [batch]
+    groups: list[tuple[int, int]] = []  # (first message, end message)
+    start = 0
+    size = 0
+    for i, (_t, _q, n) in enumerate(batch.messages):
+        if i > start and size + n > max_command_bytes:
+            groups.append((start, i))
+            start, size = i, 0
+        size += n
+    groups.append((start, len(batch.messages)))
+    if len(groups) == 1:
+        return [batch]
+    parts = []
+    offset = 0
+    for number, (first, end) in enumerate(groups):
+        metas = batch.messages[first:end]
+        length = sum(n for _t, _q, n in metas)
+        parts.append(
+            PendingBatch(
+                key=f"{batch.key}#{number}",
+                topics=batch.topics,
+                messages=metas,
+                blob=batch.blob[offset : offset + length],
+                creates=batch.creates if number == 0 else None,
+                fingerprint=(
+                    f"{batch.fingerprint}#{number}" if batch.fingerprint is not None else None
+                ),
+                submitted=batch.submitted,
+            )
+        )
+        offset += length
+    return parts
+
+
+def _join_parts(parent: Future[BatchOutcome], parts: list[PendingBatch]) -> None:
+    """Resolve ``parent`` once every part is answered: the parts' placements in order, or
+    the first part's error; a failure after another part may have committed is an unknown
+    outcome whatever the failing part's own error says."""
+    remaining = [len(parts)]
+    lock = threading.Lock()
+
+    def one_done(_f: Future[BatchOutcome]) -> None:
+        with lock:
+            remaining[0] -= 1
+            if remaining[0]:
+                return
+        if parent.done():
+            return
+        errors = [p.future.exception() for p in parts]
+        first = next((e for e in errors if e is not None), None)
+        if first is None:
+            outcomes = [p.future.result() for p in parts]
+            parent.set_result(
+                BatchOutcome(
+                    key=parts[0].key.rpartition("#")[0],
+                    status=outcomes[0].status,
+                    placed=tuple(pl for o in outcomes for pl in o.placed),
+                    duplicate=all(o.duplicate for o in outcomes),
+                )
+            )
+            return
+        stored = any(e is None or isinstance(e, CommitTimeout) for e in errors)
+        if stored and isinstance(first, ReplicationError) and not isinstance(first, CommitTimeout):
+            first = CommitOutcomeUnknown(
+                f"part of the request may have committed ({first}); "
+                "retry with the same idempotency key"
+            )
+        _set_exception(parent, first)
+
+    for p in parts:
+        p.future.add_done_callback(one_done)
 
 
 def _failure(reason: int) -> ReplicationError:
-    if reason in (
-        FAIL_REASON.NOT_LEADER,
-        FAIL_REASON.MISSING_LEADER,
-        FAIL_REASON.LEADER_CHANGED,
-        FAIL_REASON.DISCARDED,
-    ):
-        return NotLeader(f"leadership changed before the command committed (reason {reason})")
+    if reason in (FAIL_REASON.NOT_LEADER, FAIL_REASON.MISSING_LEADER):
+        return NotLeader(f"this node does not lead: nothing was proposed (reason {reason})")
+    if reason == FAIL_REASON.DISCARDED:
+        # Another leader's entry was applied at this command's index: it did not commit.
+        return NotLeader("leadership changed and the command was discarded, not committed")
+    if reason == FAIL_REASON.LEADER_CHANGED:
+        return CommitOutcomeUnknown(
+            "leadership changed after the command was proposed; it may have committed: "
+            "retry with the same idempotency key"
+        )
     if reason == FAIL_REASON.QUEUE_FULL:
         return Overloaded("the Raft command queue is full")
     if reason == FAIL_REASON.UNKNOWN_OUTCOME:
@@ -97,12 +196,24 @@ class GroupCommitter:
         commit_timeout_ms: int,
         now_ms: Callable[[], int],
         idem: cmdcodec.IdemLimits | None = None,
+        max_pending_bytes: int | None = None,
+        max_command_bytes: int | None = None,
     ) -> None:
+        """``max_command_bytes``: a client batch larger than this is split into commands of
+        whole messages (:func:`split_batch`), and no more than this many bytes of commands are
+        proposed and uncommitted at once (one command always may be): what one Raft tick sends
+        and a follower receives, journals and applies stays near one append batch, whatever
+        the request's size."""
         self._propose = propose
         self._max_messages = max_messages
         self._max_bytes = max_bytes
         self._max_inflight = max_inflight
         self._max_pending = max_pending_messages
+        self._max_pending_bytes = max_pending_bytes
+        self._max_command_bytes = max_command_bytes
+        self._inflight_bytes = 0
+        self._bytes_lock = threading.Lock()
+        self._pending_bytes = 0  # blobs of batches submitted and not yet answered
         self._timeout_s = commit_timeout_ms / 1000
         self._now_ms = now_ms
         self._idem = idem
@@ -129,10 +240,42 @@ class GroupCommitter:
                 raise Overloaded(
                     f"{self._queued_messages} messages are waiting for commit (limit {self._max_pending})"
                 )
-            self._queue.append(batch)
+            size = len(batch.blob)
+            with self._bytes_lock:
+                held = self._pending_bytes
+                limit = self._max_pending_bytes
+                # One batch alone is always taken (its size is bounded by the request limit).
+                if limit is not None and held and held + size > limit:
+                    raise Overloaded(
+                        f"{held} bytes are waiting for commit (max_pending_bytes {limit})"
+                    )
+                self._pending_bytes += size
+            batch.future.add_done_callback(lambda _f: self._release(size))
+            parts = [batch]
+            if self._max_command_bytes is not None:
+                parts = split_batch(batch, self._max_command_bytes)
+                if len(parts) > 1:
+                    _join_parts(batch.future, parts)
+            self._queue.extend(parts)
             self._queued_messages += len(batch.messages)
             self._cond.notify()
         return batch.future
+
+    def _release(self, size: int) -> None:
+        with self._bytes_lock:
+            self._pending_bytes -= size
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of the batches submitted and not yet answered (queued or in flight)."""
+        return self._pending_bytes
+
+    def would_overload(self, size: int) -> bool:
+        """True if a batch of ``size`` bytes would now be refused for bytes (a cheap early check,
+        before a request body is read)."""
+        limit = self._max_pending_bytes
+        held = self._pending_bytes
+        return limit is not None and held > 0 and held + size > limit
 
     @property
     def queued_messages(self) -> int:
@@ -142,27 +285,38 @@ class GroupCommitter:
     def inflight_commands(self) -> int:
         return len(self._inflight)
 
-    def fail_all(self, exc: Exception) -> None:
-        """Fail everything queued or in flight (leadership lost, shutting down)."""
+    def fail_all(self, exc: Exception, inflight_exc: Exception | None = None) -> None:
+        """Fail everything queued or in flight (leadership lost, shutting down).
+
+        Queued batches were never proposed and get ``exc``; proposed ones may still commit
+        and get ``inflight_exc`` (an outcome-unknown error) when given.
+        """
         with self._cond:
             queued = list(self._queue)
             self._queue.clear()
             self._queued_messages = 0
             inflight = list(self._inflight.values())
             self._inflight.clear()
+            self._inflight_bytes = 0
             self._cond.notify_all()
         for b in queued:
             _set_exception(b.future, exc)
         for f in inflight:
             for b in f.batches:
-                _set_exception(b.future, exc)
+                _set_exception(b.future, inflight_exc if inflight_exc is not None else exc)
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         self._thread.join(timeout=5)
-        self.fail_all(NotLeader("this node is shutting down"))
+        self.fail_all(
+            NotLeader("this node is shutting down"),
+            CommitOutcomeUnknown(
+                "this node shut down after the command was proposed; it may have committed: "
+                "retry with the same idempotency key"
+            ),
+        )
 
     # ------------------------------------------------------------------ loop
 
@@ -173,7 +327,12 @@ class GroupCommitter:
         while self._queue:
             nxt = self._queue[0]
             if taken and (
-                n + len(nxt.messages) > self._max_messages or size + len(nxt.blob) > self._max_bytes
+                n + len(nxt.messages) > self._max_messages
+                or size + len(nxt.blob) > self._max_bytes
+                or (
+                    self._max_command_bytes is not None
+                    and size + len(nxt.blob) > self._max_command_bytes
+                )
             ):
                 break
             taken.append(self._queue.popleft())
@@ -185,9 +344,7 @@ class GroupCommitter:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and (
-                    not self._queue or len(self._inflight) >= self._max_inflight
-                ):
+                while not self._closed and (not self._queue or self._inflight_full()):
                     self._cond.wait(timeout=0.05)
                     self._expire()
                 if self._closed:
@@ -196,7 +353,9 @@ class GroupCommitter:
                 self._seq += 1
                 seq = self._seq
                 now = time.monotonic()
-                self._inflight[seq] = _InFlight(batches, now + self._timeout_s, now)
+                size = sum(len(b.blob) for b in batches)
+                self._inflight[seq] = _InFlight(batches, now + self._timeout_s, now, size)
+                self._inflight_bytes += size
             try:
                 data = self._encode(batches)
                 self.commands_proposed += 1
@@ -204,6 +363,16 @@ class GroupCommitter:
             except Exception as exc:
                 log.exception("proposing a command failed")
                 self._finish(seq, None, exc)
+
+    def _inflight_full(self) -> bool:
+        if len(self._inflight) >= self._max_inflight:
+            return True
+        limit = self._max_command_bytes
+        return (
+            limit is not None
+            and self._inflight_bytes > 0
+            and self._inflight_bytes + len(self._queue[0].blob) > limit
+        )
 
     def _encode(self, batches: list[PendingBatch]) -> bytes:
         topics: list[str] = []
@@ -237,6 +406,7 @@ class GroupCommitter:
         now = time.monotonic()
         for seq in [s for s, f in self._inflight.items() if f.deadline < now]:
             f = self._inflight.pop(seq)
+            self._inflight_bytes -= f.size
             log.warning(
                 "command with %d batches timed out after %.1f s", len(f.batches), self._timeout_s
             )
@@ -261,6 +431,8 @@ class GroupCommitter:
     def _finish(self, seq: int, res: ApplyResult | None, exc: Exception | None) -> None:
         with self._cond:
             f = self._inflight.pop(seq, None)
+            if f is not None:
+                self._inflight_bytes -= f.size
             self._cond.notify_all()
         if f is None:
             return  # timed out already
@@ -308,7 +480,7 @@ class GroupCommitter:
                 log.exception("commit listener failed")
 
 
-def _set_exception(future: Future[Any], exc: Exception) -> None:
+def _set_exception(future: Future[Any], exc: BaseException) -> None:
     if not future.done():
         with contextlib.suppress(Exception):  # raced with another resolution
             future.set_exception(exc)

@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+
+_MIB = 1024**2
+
+
+def default_max_pending_bytes() -> int:
+    """min(64 MiB, 1/16 of the machine's memory), at least 16 MiB: what produce may hold.
+
+    Memory is one bound; the other is time: what is held must commit well within
+    ``commit_timeout_ms``. Large messages commit at 10-20 MiB/s on a 2-core machine (one
+    4 MiB command on the wire at a time), so 64 MiB is a few seconds of queue.
+    """
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 64 * _MIB
+    return max(16 * _MIB, min(64 * _MIB, ram // 16))
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +44,7 @@ class RaftConfig:
     batch_max_bytes: int = 1024 * 1024
     max_inflight_commands: int = 64
     max_pending_messages: int = 200_000
+    max_pending_bytes: int = field(default_factory=default_max_pending_bytes)
     commit_timeout_ms: int = 10_000
     idempotency_window: int = 20_000  # internal batches' keys, by count
     idempotency_window_s: int = 600  # clients' keys, by the commands' propose times
@@ -41,8 +59,8 @@ class RaftConfig:
     append_entries_use_batch: bool = False
     append_entries_batch_bytes: int = 4 * 1024 * 1024
     wire_compression_level: int = 0
-    raft_min_timeout_ms: int = 300
-    raft_max_timeout_ms: int = 600
+    raft_min_timeout_ms: int = 1000
+    raft_max_timeout_ms: int = 2000
     connection_timeout_ms: int = 60_000
     connection_retry_ms: int = 1_000
     leader_fallback_timeout_ms: int = 3_000

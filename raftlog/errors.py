@@ -84,6 +84,14 @@ class CommitTimeout(ReplicationError):
     code = "commit_timeout"
 
 
+class CommitOutcomeUnknown(CommitTimeout):
+    """The command was proposed, then leadership changed or lapsed before its outcome was
+    known: it may have committed. Unlike :class:`NotLeader` (nothing was proposed), a retry
+    must reuse the idempotency key."""
+
+    code = "commit_outcome_unknown"
+
+
 class Overloaded(ReplicationError):
     """Too many appends are waiting for commit; retry later."""
 

@@ -32,6 +32,7 @@ import pysyncobj.syncobj as _syncobj_module
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.journal import FileJournal, createJournal
 from pysyncobj.monotonic import monotonic as _pso_monotonic
+from pysyncobj.syncobj import _RAFT_STATE
 from pysyncobj.transport import TCPNode
 
 from raftlog import catchup, transport
@@ -42,6 +43,8 @@ from raftlog.store import FetchTarget, Store, decode_entry, encode_entry
 from raftlog.ticks import TickWatch
 
 log = logging.getLogger(__name__)
+
+_RAFT_STATE_LEADER = _RAFT_STATE.LEADER
 
 EXIT_STORE_FAULT = 70
 
@@ -109,6 +112,9 @@ class ReplicatedLog(SyncObj):
     # pysyncobj's private state that the hooks below read and write.
     _SyncObj__raftCommitIndex: int
     _SyncObj__raftLastApplied: int
+    _SyncObj__raftState: int
+    _SyncObj__otherNodes: set[Any]
+    _SyncObj__lastResponseTime: dict[Any, float]
 
     def __init__(
         self,
@@ -195,6 +201,12 @@ class ReplicatedLog(SyncObj):
         self.ticks.begin()
         # Committed entries still to apply: read the network and go on at once.
         try:
+            if self._SyncObj__raftState != _RAFT_STATE_LEADER:
+                # pysyncobj checks the election deadline before it reads the network. After
+                # a long tick of this node's own work (a large entry received, journaled,
+                # applied) the leader's heartbeats wait unread in the socket: a follower reads
+                # them first, so that being busy is not taken for the leader's silence.
+                self._poller.poll(0)
             super()._onTick(0.0 if self._apply_behind else timeToWait)
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EIO, errno.EDQUOT):
@@ -230,6 +242,26 @@ class ReplicatedLog(SyncObj):
             self._commit_target = 0
         self._apply_behind = self._SyncObj__raftLastApplied < target
         return need_send
+
+    def quorum_silence_s(self) -> float:
+        """Seconds since a majority of the members last answered this leader (0 when this
+        node is alone; a large value when it does not lead). Read from other threads."""
+        if self._SyncObj__raftState != _RAFT_STATE_LEADER:
+            return float("inf")
+        for _ in range(3):
+            try:
+                others = list(self._SyncObj__otherNodes)
+                seen = self._SyncObj__lastResponseTime
+                times = sorted((seen.get(n, 0.0) for n in others), reverse=True)
+                break
+            except RuntimeError:  # changed size while read (membership change)
+                continue
+        else:
+            return float("inf")
+        needed = (len(others) + 1) // 2  # others that must answer, with this node, a majority
+        if needed == 0:
+            return 0.0
+        return max(0.0, _pso_monotonic() - times[needed - 1])
 
     @property
     def raftCommitIndex(self) -> int:  # noqa: N802 - pysyncobj's name

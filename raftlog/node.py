@@ -33,6 +33,7 @@ from raftlog.committer import GroupCommitter, PendingBatch, _failure
 from raftlog.config import RaftConfig
 from raftlog.consumequeue import tags_hash
 from raftlog.errors import (
+    CommitOutcomeUnknown,
     ConditionFailed,
     InvalidInput,
     MessageTooLarge,
@@ -122,6 +123,8 @@ class RaftLog:
             max_bytes=config.batch_max_bytes,
             max_inflight=config.max_inflight_commands,
             max_pending_messages=config.max_pending_messages,
+            max_pending_bytes=config.max_pending_bytes,
+            max_command_bytes=max(config.append_entries_batch_bytes, config.batch_max_bytes),
             commit_timeout_ms=config.commit_timeout_ms,
             now_ms=self.clock.now_ms,
             idem=self.store.default_idem,
@@ -189,13 +192,27 @@ class RaftLog:
                 leads = self.machine._isLeader()
                 term = self.machine.raftCurrentTerm
                 now = time.monotonic()
-                last_ok = max(self._last_ok, self.committer.last_commit_monotonic)
+                # A majority answering this leader's appends keeps the lease too: a large
+                # command may take longer than the lease to commit while followers ack.
+                last_ok = max(
+                    self._last_ok,
+                    self.committer.last_commit_monotonic,
+                    now - self.machine.quorum_silence_s(),
+                )
                 if self._leader_term is not None and (
                     not leads or term != self._leader_term or now - last_ok > lease_s
                 ):
                     lost = self._leader_term
                     self._leader_term = None
-                    self.committer.fail_all(NotLeader("leadership lost", self.leader_address()))
+                    self.committer.fail_all(
+                        NotLeader(
+                            "leadership lost; the write was not proposed", self.leader_address()
+                        ),
+                        CommitOutcomeUnknown(
+                            "leadership lost after the write was proposed; it may have "
+                            "committed: retry with the same idempotency key"
+                        ),
+                    )
                     self._fire(False, lost)
                 if not leads:
                     continue

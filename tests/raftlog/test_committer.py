@@ -11,8 +11,15 @@ import pytest
 from pysyncobj import FAIL_REASON
 
 from raftlog import command as cmdcodec
-from raftlog.committer import GroupCommitter, PendingBatch
-from raftlog.errors import CommitTimeout, ConditionFailed, NotLeader, Overloaded, UnknownQueue
+from raftlog.committer import GroupCommitter, PendingBatch, split_batch
+from raftlog.errors import (
+    CommitOutcomeUnknown,
+    CommitTimeout,
+    ConditionFailed,
+    NotLeader,
+    Overloaded,
+    UnknownQueue,
+)
 from raftlog.store import OK, Store
 
 from ._util import STORE_MS, rec, wait_until
@@ -188,3 +195,115 @@ def test_close_fails_what_is_waiting(raft: InProcessRaft) -> None:
     with pytest.raises(NotLeader):
         gc.submit(batch("b", [b"x"]))
     raft.hold_first.set()
+
+
+def test_close_answers_outcome_unknown_for_what_was_proposed(raft: InProcessRaft) -> None:
+    raft.hold_first.clear()
+    gc = committer(raft)
+    proposed = gc.submit(batch("first", [b"0"]))
+    wait_until(lambda: len(raft.commands) == 1, WAIT_S, "the first command")
+    queued = gc.submit(batch("a", [b"1"]))
+    gc.close()
+    with pytest.raises(CommitOutcomeUnknown):  # it may still commit: retry with the key
+        proposed.result(WAIT_S)
+    with pytest.raises(NotLeader):  # never proposed
+        queued.result(WAIT_S)
+    raft.hold_first.set()
+
+
+@pytest.mark.parametrize(
+    ("reason", "error"),
+    [
+        (FAIL_REASON.NOT_LEADER, NotLeader),
+        (FAIL_REASON.MISSING_LEADER, NotLeader),
+        (FAIL_REASON.DISCARDED, NotLeader),  # another entry took its index: not committed
+        (FAIL_REASON.LEADER_CHANGED, CommitOutcomeUnknown),  # may still commit
+        (FAIL_REASON.UNKNOWN_OUTCOME, CommitTimeout),
+    ],
+)
+def test_raft_failures_say_whether_the_outcome_is_known(
+    raft: InProcessRaft, reason: int, error: type[Exception]
+) -> None:
+    raft.fail_with = reason
+    gc = committer(raft)
+    try:
+        with pytest.raises(error) as got:
+            gc.submit(batch("a", [b"x"])).result(WAIT_S)
+        if error is NotLeader:
+            assert not isinstance(got.value, CommitTimeout)
+    finally:
+        gc.close()
+
+
+def test_pending_bytes_are_bounded_and_released(raft: InProcessRaft) -> None:
+    raft.hold_first.clear()
+    gc = committer(raft, max_pending_bytes=1000, max_inflight=4)
+    try:
+        first = gc.submit(batch("first", [b"x" * 600]))  # alone: always taken
+        wait_until(lambda: len(raft.commands) == 1, WAIT_S, "the first command")
+        assert gc.pending_bytes > 600
+        assert gc.would_overload(600)
+        with pytest.raises(Overloaded):
+            gc.submit(batch("b", [b"y" * 600]))
+        raft.hold_first.set()
+        first.result(WAIT_S)
+        wait_until(lambda: gc.pending_bytes == 0, WAIT_S, "the bytes released")
+        assert gc.submit(batch("c", [b"z" * 600])).result(WAIT_S).status == OK
+    finally:
+        gc.close()
+
+
+def test_split_batch_keeps_whole_messages_and_derives_keys() -> None:
+    b = batch("k", [b"a" * 300, b"b" * 300, b"c" * 900, b"d" * 10], fingerprint="f" * 32)
+    b.creates = {"t": 2}
+    sizes = [n for _t, _q, n in b.messages]
+    parts = split_batch(b, sizes[0] + sizes[1])
+    assert [p.key for p in parts] == ["k#0", "k#1", "k#2"]
+    assert [p.fingerprint for p in parts] == [f"{'f' * 32}#{i}" for i in range(3)]
+    assert [[n for _t, _q, n in p.messages] for p in parts] == [sizes[:2], sizes[2:3], sizes[3:]]
+    assert b"".join(p.blob for p in parts) == b.blob
+    assert parts[0].creates == {"t": 2} and parts[1].creates is None
+    assert split_batch(b, sum(sizes)) == [b]
+    conditional = batch("c", [b"a" * 300, b"b" * 300], expect={"v": 0})
+    assert split_batch(conditional, 100) == [conditional]
+
+
+def test_a_large_batch_commits_as_several_commands_one_at_a_time(raft: InProcessRaft) -> None:
+    gc = committer(raft, max_inflight=8, max_command_bytes=1500)
+    inflight_peak = [0]
+    propose = raft.propose
+
+    def watching(data: bytes, cb: Callable[[Any, int], None]) -> None:
+        inflight_peak[0] = max(inflight_peak[0], gc.inflight_commands)
+        propose(data, cb)
+
+    gc._propose = watching
+    try:
+        bodies = [bytes([65 + i]) * 1000 for i in range(4)]
+        outcome = gc.submit(batch("big", bodies, fingerprint="e" * 32)).result(WAIT_S)
+        assert [p.queue_offset for p in outcome.placed] == [0, 1, 2, 3]
+        assert not outcome.duplicate
+        assert len(raft.commands) == 4
+        assert inflight_peak[0] == 1  # never two large commands on the wire at once
+        again = gc.submit(batch("big", bodies, fingerprint="e" * 32)).result(WAIT_S)
+        assert again.duplicate and again.placed == outcome.placed
+    finally:
+        gc.close()
+
+
+def test_a_part_failing_after_another_committed_is_outcome_unknown(raft: InProcessRaft) -> None:
+    gc = committer(raft, max_inflight=8, max_command_bytes=1500)
+    propose = raft.propose
+
+    def second_fails(data: bytes, cb: Callable[[Any, int], None]) -> None:
+        if len(raft.commands) == 1:
+            raft.fail_with = FAIL_REASON.NOT_LEADER
+        propose(data, cb)
+
+    gc._propose = second_fails
+    try:
+        bodies = [b"a" * 1000, b"b" * 1000]
+        with pytest.raises(CommitOutcomeUnknown):
+            gc.submit(batch("big", bodies, fingerprint="e" * 32)).result(WAIT_S)
+    finally:
+        gc.close()

@@ -380,3 +380,29 @@ def test_a_tail_the_cluster_never_committed_is_not_kept(
     _send_snapshot(follower, node, dump, 75)
     assert follower.raftLastApplied == 60
     assert follower._store.digest() == at_snapshot
+
+
+def _leader_seen(others: dict[str, float], state: int) -> ReplicatedLog:
+    """A ReplicatedLog shell holding only what quorum_silence_s reads."""
+    m = object.__new__(ReplicatedLog)
+    m._SyncObj__raftState = state
+    m._SyncObj__otherNodes = set(others)
+    m._SyncObj__lastResponseTime = dict(others)
+    return m
+
+
+def test_quorum_silence_is_the_age_of_the_majoritys_latest_answer() -> None:
+    from pysyncobj.monotonic import monotonic
+    from pysyncobj.syncobj import _RAFT_STATE
+
+    now = monotonic()
+    # 3 members: one follower's answer makes a majority; the freshest counts.
+    m = _leader_seen({"a": now - 5.0, "b": now - 0.5}, _RAFT_STATE.LEADER)
+    assert 0.5 <= m.quorum_silence_s() < 1.5
+    # 5 members: two followers needed; the second freshest counts.
+    m = _leader_seen(
+        {"a": now - 0.1, "b": now - 3.0, "c": now - 9.0, "d": now - 9.0}, _RAFT_STATE.LEADER
+    )
+    assert 3.0 <= m.quorum_silence_s() < 4.0
+    assert _leader_seen({}, _RAFT_STATE.LEADER).quorum_silence_s() == 0.0
+    assert _leader_seen({"a": now}, _RAFT_STATE.FOLLOWER).quorum_silence_s() == float("inf")
