@@ -522,6 +522,21 @@ class Broker:
                 return PullPage((), max(offset, 0)), store.max_offset(topic, queue)
 
     async def _read_page(self, topic: str, queue: int, offset: int, max_messages: int) -> PullPage:
+        """A page from ``offset``, or from the queue's minimum when retention deleted what
+        lies below it (as RocketMQ answers a pull below the minimum)."""
+        for _attempt in range(3):
+            start = max(offset, self.raftlog.store.min_offset(topic, queue))
+            try:
+                return await self._read_page_from(topic, queue, start, max_messages)
+            except IndexError:
+                if start >= self.raftlog.store.min_offset(topic, queue):
+                    raise
+                # Retention deleted the segment between the two reads: from the new minimum.
+        raise IndexError(f"{topic}/{queue} keeps losing its head to retention")
+
+    async def _read_page_from(
+        self, topic: str, queue: int, offset: int, max_messages: int
+    ) -> PullPage:
         store = self.raftlog.store
         units = plan_units(
             store.read_units(topic, queue, offset, max_messages), self.config.max_pull_bytes

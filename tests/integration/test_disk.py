@@ -1,4 +1,4 @@
-"""Disk on 3 real nodes, on a small tmpfs: produce answers 507 before the disk fills and nothing
+"""Disk on 3 real nodes, each on a small tmpfs of its own: produce answers 507 before the disk fills and nothing
 acknowledged is lost; retention deletes old CommitLog segments but never a delayed message
 that still waits."""
 
@@ -26,36 +26,44 @@ QUEUES = 4
 
 
 @pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 64 MiB tmpfs, unmounted afterwards; the test is skipped where mounting is refused."""
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    try:
-        done = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)],
-            capture_output=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        pytest.skip(f"cannot mount a tmpfs: {exc}")
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode(errors='replace').strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+def mount_tmpfs() -> Iterator[Any]:
+    """``mount_tmpfs(path, size)`` mounts a tmpfs there (unmounted afterwards); the test is
+    skipped where mounting is refused."""
+    mounted: list[Path] = []
+
+    def mount(path: Path, size: str) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        try:
+            done = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                capture_output=True,
+                timeout=30,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            pytest.skip(f"cannot mount a tmpfs: {exc}")
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode(errors='replace').strip()}")
+        mounted.append(path)
+
+    yield mount
+    for path in reversed(mounted):
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
 
 
 @pytest.fixture
-def cluster_on(tmpfs: Path) -> Iterator[Any]:
+def cluster_on(mount_tmpfs: Any, tmp_path: Path) -> Iterator[Any]:
+    """A 3-node cluster whose nodes each have a disk of their own: a 96 MiB tmpfs per node
+    directory, as each node of a real cluster has its own disk."""
     clusters: list[LocalCluster] = []
 
     def make(**settings: Any) -> LocalCluster:
         http, raft = free_port_base(3, random.Random())
-        # Node logs stay off the tmpfs: only the data directories fill it.
+        base = tmp_path / f"c{len(clusters)}"
+        for i in range(3):
+            mount_tmpfs(base / f"node-{i}", "96m")
         c = LocalCluster(
             3,
-            tmpfs / f"c{len(clusters)}",
+            base,
             http_port=http,
             raft_port=raft,
             settings={"default_topic_queues": QUEUES, "ops_log_enabled": False, **settings},
@@ -92,8 +100,8 @@ async def read_all(client: Client, url: str, topic: str) -> dict[str, dict[str, 
 async def test_produce_answers_507_before_the_disk_fills_and_nothing_acknowledged_is_lost(
     cluster_on: Any,
 ) -> None:
-    # All three nodes share one 64 MiB disk here, so each writes what the others write: the
-    # margin above the warning level must hold about a second of the whole cluster's writes.
+    # The margin above the warning level must hold about a second of writes, the Raft
+    # journal's growth included.
     cluster = cluster_on(
         commitlog_segment_bytes=1 << 20,
         disk_space_warning_level_ratio=0.6,

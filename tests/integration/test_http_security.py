@@ -188,8 +188,9 @@ def test_a_tls_cluster_forwards_over_https_and_refuses_plain_http(
 
 def test_a_member_added_at_runtime_is_reached_with_the_token(make_joinable_cluster: Any) -> None:
     """Node 3 joins through POST /v1/admin/members: the others gather its status with their
-    token (it is a member now), and it completes its TimerLog from its peers over HTTP with
-    its own."""
+    token (it is a member now), and it forwards writes to the leader with its own. Its
+    TimerLog comes from its own CommitLog (the copies in rmq_sys_timer_log); a peer fetch, if
+    one is needed, goes out with its token and never fails for want of it."""
     cluster: LocalCluster = make_joinable_cluster(
         4, initial=3, auth_token=TOKEN, log_compaction_min_entries=50
     )
@@ -223,8 +224,18 @@ def test_a_member_added_at_runtime_is_reached_with_the_token(make_joinable_clust
                 return totals == [600] * 4
 
             await wait_for(backlog_everywhere, 30, "the timer backlog on every node", cluster)
+            # A write sent to the new member is forwarded to the leader with its token.
+            placed = await client.request(
+                "POST",
+                "/v1/topics/late/messages",
+                json_body={"messages": [{"body": "via node 3"}]},
+                headers={"Idempotency-Key": "via-node-3"},
+                url=cluster.http_url(new),
+                write=True,
+            )
+            assert placed["results"][0]["topic"] == "late"
 
     asyncio.run(go())
     log = (cluster.node_dir(new) / "node.log").read_text()
     assert "TimerLog fetch from" not in log, log
-    assert re.search(r"fetched_records=[1-9]", log), log
+    assert re.search(r"(fetched_records|local_records)=[1-9]", log), log
