@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -269,6 +270,9 @@ class BlockingStore:
     def max_offset(self, topic: str, queue: int) -> int:
         return len(self.reader.sizes)
 
+    def min_offset(self, topic: str, queue: int) -> int:
+        return 0  # retention deleted nothing
+
     def read_units(self, topic: str, queue: int, offset: int, max_units: int) -> list[CqUnit]:
         return self.reader.units()[offset : offset + max_units]
 
@@ -316,10 +320,15 @@ async def test_a_long_poll_ends_when_its_client_goes_away(
 
     broker = app[BROKER]
     poll = asyncio.create_task(client.get("/v1/topics/t/queues/0/messages?wait_ms=30000"))
+    deadline = time.monotonic() + 10
     while broker.waiters.waiting == 0:
+        assert not poll.done(), "the long-poll ended before it waited"
+        assert time.monotonic() < deadline, "the long-poll never registered a waiter"
         await asyncio.sleep(0.01)
     poll.cancel()
     # The waiter goes (the test server has no connection guard: the transport is watched).
+    deadline = time.monotonic() + 10
     while broker.waiters.waiting:
+        assert time.monotonic() < deadline, "the waiter outlived its client"
         await asyncio.sleep(0.05)
     assert broker.waiters.queues == 0
