@@ -188,7 +188,14 @@ def test_sixteen_retries_then_the_dead_letter_queue(make_cluster: Any) -> None:
                 assert again["duplicate"] is True  # the same send-back twice re-enqueues once
 
                 async def redelivered(at: int = retry_offset) -> list[dict[str, Any]]:
-                    page = await client.pull(retry_topic, 0, at, 10, wait_ms=500)
+                    # The node asked may not have applied the retry topic's creation yet
+                    # (404 unknown_topic until it has): wait for it rather than fail.
+                    try:
+                        page = await client.pull(retry_topic, 0, at, 10, wait_ms=500)
+                    except ClientError as exc:
+                        if exc.status == 404:
+                            return []
+                        raise
                     return list(page["messages"])
 
                 got = await wait_for(redelivered, 10, f"retry {n + 1} redelivered", cluster)
