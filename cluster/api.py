@@ -22,12 +22,13 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from cluster import reserved
+from cluster import logs, reserved
 from cluster.auth import auth_middleware
 from cluster.broker import Broker
 from cluster.config import ConfigError, host_port_problem, http_url_problem
 from cluster.errors import ApiError, bad_request, from_exception
 from cluster.httpconn import ConnectionGuard, HttpLimits
+from cluster.runtimeconfig import RuntimeConfig
 
 log = logging.getLogger(__name__)
 
@@ -452,41 +453,87 @@ async def admin_digest(request: web.Request) -> web.Response:
     return json_response(request.app[BROKER].raftlog.digest())
 
 
-async def admin_config(request: web.Request) -> web.Response:
-    broker = request.app[BROKER]
-    from cluster.config import KEYS
+def _config_view(request: web.Request) -> dict[str, Any]:
+    from cluster.runtimeconfig import RUNTIME_KEYS
 
-    return json_response(
-        {"config": broker.config.masked(), "runtime_keys": [k.name for k in KEYS if k.runtime]}
-    )
+    runtime = request.app[RUNTIME_CONFIG]
+    return {
+        "config": request.app[BROKER].config.masked(),
+        "runtime": runtime.overrides(),
+        "runtime_keys": list(RUNTIME_KEYS),
+    }
+
+
+async def admin_config(request: web.Request) -> web.Response:
+    """This node's effective config: its file's, overlaid with the cluster's runtime values."""
+    request.app[RUNTIME_CONFIG].refresh()  # a snapshot installed since the last apply
+    return json_response(_config_view(request))
 
 
 async def admin_config_patch(request: web.Request) -> web.Response:
-    broker = request.app[BROKER]
-    from cluster.config import KEY_BY_NAME
+    """Change runtime keys cluster-wide: validated here, committed by the leader (one kv update,
+    and the timer's switch command for its keys), answered once applied on this node."""
+    from cluster import runtimeconfig
 
-    body = await read_json(request)
-    if not isinstance(body, dict) or not body:
-        raise bad_request("the body must be an object of key: value", "body")
-    for name in body:
-        key = KEY_BY_NAME.get(name)
-        if key is None:
-            raise bad_request(f"unknown config key {name!r}", name, "unknown_key")
-        if not key.runtime:
-            raise ApiError(
-                409,
-                "not_runtime",
-                f"{name} can only be changed in the config file, with a restart",
-                name,
-            )
-    broker.config = broker.config.with_changes(body)
-    for hook in request.app[CONFIG_HOOKS]:
-        hook(body)
-    log.info("config changed at runtime: %s", body)
-    return json_response({"config": broker.config.masked(), "changed": sorted(body)})
+    broker = request.app[BROKER]
+    changes = runtimeconfig.validate(await read_json(request))
+    forwarded = await forward_to_leader(request)
+    if forwarded is not None:
+        return await _applied_here(request, forwarded, sorted(changes))
+    todo = runtimeconfig.plan(changes)
+    if todo.kv:
+        await broker.commit(broker.raftlog.update(todo.kv))
+    if todo.timer:
+        if broker.timer is None:
+            raise ApiError(503, "timer_unavailable", "the timer service is not running here")
+        await asyncio.wait_for(
+            broker.timer.set_switches(**todo.timer), broker.config.commit_timeout_ms / 1000 + 1
+        )
+    request.app[RUNTIME_CONFIG].refresh()
+    return json_response(
+        {
+            **_config_view(request),
+            "changed": sorted(changes),
+            "applied_index": broker.raftlog.store.applied_index,
+        }
+    )
+
+
+async def _applied_here(
+    request: web.Request, forwarded: web.Response, changed: list[str]
+) -> web.Response:
+    """The leader's answer to a forwarded PATCH, once this node has applied as far as the
+    leader had: then this node's own view. If it lags past the commit timeout, the leader's."""
+    if forwarded.status != 200 or not isinstance(forwarded.body, bytes):
+        return forwarded
+    try:
+        index = orjson.loads(forwarded.body).get("applied_index")
+    except (orjson.JSONDecodeError, AttributeError):
+        return forwarded
+    if type(index) is not int:
+        return forwarded
+    store = request.app[BROKER].raftlog.store
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + request.app[BROKER].config.commit_timeout_ms / 1000
+    while store.applied_index < index:
+        if loop.time() > deadline:
+            log.warning("config change committed at %d, not applied here yet; relaying", index)
+            return forwarded
+        await asyncio.sleep(0.01)
+    request.app[RUNTIME_CONFIG].refresh()
+    return json_response(
+        {
+            **_config_view(request),
+            "changed": changed,
+            "applied_index": store.applied_index,
+        },
+        headers={k: v for k, v in forwarded.headers.items() if k == "X-Chronomq-Leader"},
+    )
 
 
 CONFIG_HOOKS: web.AppKey[list[Callable[[dict[str, Any]], None]]] = web.AppKey("config_hooks", list)
+"""Run on every node with ``{key: new value}`` when the effective runtime config changes."""
+RUNTIME_CONFIG: web.AppKey[RuntimeConfig] = web.AppKey("runtime_config", RuntimeConfig)
 
 
 async def leadership_transfer(request: web.Request) -> web.Response:
@@ -638,10 +685,13 @@ def create_app(broker: Broker) -> web.Application:
     broker.connections = guard
     app[METRICS].registry.register(_BoundsCollector(broker, guard))
     app[CONFIG_HOOKS] = []
+    app[RUNTIME_CONFIG] = RuntimeConfig(broker, app[CONFIG_HOOKS], logs.set_level)
 
     async def broker_ctx(app: web.Application) -> Any:
         await broker.start()
+        await app[RUNTIME_CONFIG].start()
         yield
+        await app[RUNTIME_CONFIG].stop()
         await broker.stop()
 
     app.cleanup_ctx.append(broker_ctx)

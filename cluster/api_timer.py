@@ -1,4 +1,4 @@
-"""HTTP routes of the timer service (arbitrary-time messages), its metrics and config hook.
+"""HTTP routes of the timer service (arbitrary-time messages) and its metrics.
 
 Cancel and the runtime switches are writes: a follower forwards them to the leader, which
 answers from the apply of the command it proposed. ``/v1/admin/timer`` is this node's view
@@ -150,76 +150,15 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/v1/admin/timer/log", timer_log)
 
 
-# ---------------------------------------------------------------------- config hook
-
-_TASKS: set[asyncio.Task[None]] = set()
-_SWITCH_KEYS = {"timer_stop_enqueue": "stop_enqueue", "timer_stop_dequeue": "stop_dequeue"}
-
-
-async def _push_switches(app: web.Application, changes: dict[str, bool]) -> None:
-    """Make a PATCHed timer_stop_* key cluster-wide: the switch is replicated state, so it is
-    set through the leader (here, or over HTTP), retried with back-off for up to 30 s while
-    there is no leader."""
-    from cluster.api import BROKER
-
-    broker = app[BROKER]
-    delay = 0.1
-    deadline = asyncio.get_running_loop().time() + 30
-    while True:
-        try:
-            if broker.raftlog.is_leader and broker.timer is not None:
-                await broker.timer.set_switches(**changes)
-                return
-            leader = broker.leader_url()
-            if leader is not None and leader != broker.config.http_url:
-                async with broker.peer_client.request(
-                    "POST", f"{leader}/v1/admin/timer/switches", json=changes
-                ) as r:
-                    if r.status == 200:
-                        return
-                    if r.status < 500:
-                        log.warning("leader refused timer switches %s: %s", changes, await r.text())
-                        return
-        except Exception as exc:
-            log.info("setting timer switches %s failed (%s); retrying", changes, exc)
-        if asyncio.get_running_loop().time() > deadline:
-            log.warning("timer switches %s not applied: no leader answered within 30 s", changes)
-            return
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 2.0)
-
-
-def _config_hook(app: web.Application) -> Any:
-    def hook(changed: dict[str, Any]) -> None:
-        from cluster.api import BROKER
-
-        changes = {_SWITCH_KEYS[k]: bool(v) for k, v in changed.items() if k in _SWITCH_KEYS}
-        if not changes:
-            return
-        service = app[BROKER].timer
-        if service is not None:
-            service.stop_enqueue_default = bool(
-                changes.get("stop_enqueue", service.stop_enqueue_default)
-            )
-            service.stop_dequeue_default = bool(
-                changes.get("stop_dequeue", service.stop_dequeue_default)
-            )
-        task = asyncio.get_running_loop().create_task(_push_switches(app, changes))
-        _TASKS.add(task)
-        task.add_done_callback(_TASKS.discard)
-
-    return hook
-
-
 # ---------------------------------------------------------------------- metrics
 
 
 def install_metrics(app: web.Application) -> None:
-    """Add the service's Prometheus metrics to the app's registry, and the config hook that
-    makes ``timer_stop_enqueue``/``timer_stop_dequeue`` changes cluster-wide."""
-    from cluster.api import BROKER, CONFIG_HOOKS, METRICS
+    """Add the service's Prometheus metrics to the app's registry. (``timer_stop_enqueue`` and
+    ``timer_stop_dequeue`` in ``PATCH /v1/admin/config`` are these switches:
+    :mod:`cluster.runtimeconfig`.)"""
+    from cluster.api import BROKER, METRICS
 
-    app[CONFIG_HOOKS].append(_config_hook(app))
     metrics = app[METRICS]
     r = metrics.registry
     g = {

@@ -40,7 +40,9 @@ class Key:
     type: type
     default: Any
     doc: str
-    runtime: bool = False  # may be changed with PATCH /v1/admin/config
+    # Changed cluster-wide with PATCH /v1/admin/config: replicated, applied on every node
+    # (how each is carried: cluster/runtimeconfig.py).
+    runtime: bool = False
     min: float | None = None
     max: float | None = None
     choices: tuple[str, ...] | None = None
@@ -478,7 +480,8 @@ KEYS: tuple[Key, ...] = (
         "log_level",
         str,
         "info",
-        "The least severe level of log line written.",
+        "The least severe level of log line written (by this process: ours and the libraries'; "
+        "pysyncobj's stay at error or above).",
         runtime=True,
         choices=("debug", "info", "warning", "error"),
     ),
@@ -534,7 +537,9 @@ KEYS: tuple[Key, ...] = (
         "enable_schedule_async_deliver",
         bool,
         False,
-        "Deliver delayed messages asynchronously.",
+        "Deliver delayed messages asynchronously. At runtime it is the schedule's replicated "
+        'mode: PATCH /v1/admin/config and PATCH /v1/admin/schedule {"mode"} change the same '
+        "state.",
         runtime=True,
     ),
     Key(
@@ -591,13 +596,30 @@ KEYS: tuple[Key, ...] = (
         "timer_stop_enqueue",
         bool,
         False,
-        "Stop reading new timer messages into the wheel.",
+        "Stop reading new timer messages into the wheel. At runtime it is the timer's "
+        "replicated switch (also POST /v1/admin/timer/switches).",
         runtime=True,
     ),
-    Key("timer_stop_dequeue", bool, False, "Stop delivering timer messages.", runtime=True),
+    Key(
+        "timer_stop_dequeue",
+        bool,
+        False,
+        "Stop delivering timer messages. At runtime it is the timer's replicated switch (also "
+        "POST /v1/admin/timer/switches).",
+        runtime=True,
+    ),
 )
 
 KEY_BY_NAME = {k.name: k for k in KEYS}
+
+
+def parse_value(name: str, value: Any) -> Any:
+    """``value`` (as JSON or TOML gives it) checked against key ``name``'s type and limits;
+    :class:`ConfigError` naming the key when it does not fit."""
+    key = KEY_BY_NAME.get(name)
+    if key is None:
+        raise ConfigError(name, "unknown key")
+    return _coerce(key, value, from_env=False)
 
 
 def _coerce(key: Key, value: Any, from_env: bool) -> Any:  # noqa: C901

@@ -39,6 +39,22 @@ def setup(node: str, level: str = "info", fmt: str = "auto") -> None:
         )
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    # pysyncobj logs every reconnect attempt at warning; keep them for debug.
-    logging.getLogger("pysyncobj").setLevel(max(logging.ERROR, root.level))
+    set_level(level)
+
+
+#: The loggers of our own packages: they follow the root level, also when a library or a test
+#: has given one of them a level of its own.
+OUR_LOGGERS = ("chronomq", "cluster", "raftlog", "schedule", "timer", "ops")
+
+
+def set_level(level: str) -> None:
+    """Make ``level`` (debug, info, warning, error) the least severe level written, now: the
+    root logger and ours; pysyncobj stays at error or above (it logs every reconnect attempt
+    at warning)."""
+    number = logging.getLevelName(level.upper())
+    if not isinstance(number, int):
+        raise ValueError(f"unknown log level {level!r}")
+    logging.getLogger().setLevel(number)
+    for name in OUR_LOGGERS:
+        logging.getLogger(name).setLevel(number)
+    logging.getLogger("pysyncobj").setLevel(max(logging.ERROR, number))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster import api_schedule, api_timer
+from cluster import api_schedule, api_timer, runtimeconfig
 from cluster.auth import METRICS_ROUTE, open_routes
 from cluster.broker import VERSION
 
@@ -213,15 +213,18 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
         [],
     ),
     ("GET", "/v1/admin/config"): (
-        "The effective config (secrets masked) and the runtime keys.",
+        "This node's effective config (secrets masked): its file's, overlaid with the runtime "
+        "values the cluster has replicated (listed in runtime; the same on every node).",
         None,
-        _object(config="object", runtime_keys="array"),
+        runtimeconfig.answer_schema(patch=False),
         [],
     ),
     ("PATCH", "/v1/admin/config"): (
-        "Change runtime config keys: {key: value, ...}; a key that is not runtime answers 409.",
-        {"type": "object"},
-        _object(config="object", changed="array"),
+        "Change runtime keys cluster-wide: {key: value, ...}, committed through the leader; "
+        "answers once applied on the node asked. enable_schedule_async_deliver is the "
+        "schedule's mode, timer_stop_* the timer's switches.",
+        runtimeconfig.patch_schema(),
+        runtimeconfig.answer_schema(patch=True),
         [],
     ),
     ("POST", "/v1/admin/leadership/transfer"): (
