@@ -220,20 +220,20 @@ class ReplicatedLog(SyncObj):
             )
         finally:
             _syncobj_module.createJournal = original
-        # The request_vote of an election started by a transfer carries "transfer": True.
+        # Every message pysyncobj and the hooks below send goes through _marked_send: the
+        # request_vote of an election started by a transfer carries "transfer": True.
         wire = self._SyncObj__transport
-        send = wire.send
+        self._send_raw: Callable[[Any, Any], Any] = wire.send
+        wire.send = self._marked_send
 
-        def marked_send(node: Any, message: Any) -> Any:
-            if (
-                self._transfer_election
-                and isinstance(message, dict)
-                and message.get("type") == "request_vote"
-            ):
-                message = {**message, "transfer": True}
-            return send(node, message)
-
-        wire.send = marked_send
+    def _marked_send(self, node: Any, message: Any) -> Any:
+        if (
+            self._transfer_election
+            and isinstance(message, dict)
+            and message.get("type") == "request_vote"
+        ):
+            message = {**message, "transfer": True}
+        return self._send_raw(node, message)
 
     # ------------------------------------------------------------------ pysyncobj hooks
 
