@@ -620,7 +620,8 @@ async def receive_removal(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    removed = request.app[BROKER].raftlog.removal is not None
+    broker = request.app.get(BROKER)  # the probe answers before anything else is set up
+    removed = broker is not None and broker.raftlog.removal is not None
     return json_response({"status": "ok", "removed_from_cluster": removed})
 
 
