@@ -29,6 +29,7 @@ from cluster.config import ConfigError, host_port_problem, http_url_problem
 from cluster.errors import ApiError, bad_request, from_exception
 from cluster.httpconn import ConnectionGuard, HttpLimits
 from cluster.runtimeconfig import RuntimeConfig
+from raftlog.removal import SIGNATURE_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +185,53 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
     finally:
         metrics.requests.labels(route, str(status)).inc()
         metrics.latency.labels(route).observe(time.perf_counter() - t0)
+
+
+REMOVED_NODE_ROUTES: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("GET", "/healthz"),
+        ("GET", "/readyz"),
+        ("GET", "/metrics"),
+        ("GET", "/openapi.json"),
+        ("GET", "/v1/admin/node"),
+        ("POST", "/v1/admin/node/removal"),
+    }
+)
+"""What a node removed from the cluster still serves; everything else answers 410."""
+
+
+@web.middleware
+async def removed_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if (request.method, request.path) not in REMOVED_NODE_ROUTES:
+        gone = request.app[BROKER].removed_error()
+        if gone is not None:
+            return gone.response()
+    return await handler(request)
+
+
+class _MembershipCollector:
+    """This node's removal and its pre-vote counters."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+
+    def collect(self) -> Iterator[Metric]:
+        machine = self._broker.raftlog.machine
+        yield GaugeMetricFamily(
+            "chronomq_removed_from_cluster",
+            "1 when this node was removed from the cluster",
+            value=1 if machine.removal is not None else 0,
+        )
+        for name, value, what in (
+            ("prevotes_started", machine.prevotes_started, "pre-vote rounds this node started"),
+            ("prevotes_won", machine.prevotes_won, "pre-vote rounds won (elections started)"),
+            (
+                "votes_ignored",
+                machine.votes_ignored,
+                "vote requests ignored (a live leader was heard, or this node was removed)",
+            ),
+        ):
+            yield CounterMetricFamily(f"chronomq_raft_{name}", what, value=value)
 
 
 # ---------------------------------------------------------------------- helpers
@@ -608,16 +656,27 @@ async def remove_member(request: web.Request) -> web.Response:
     forwarded = await forward_to_leader(request)
     if forwarded is not None:
         return forwarded
-    await request.app[BROKER].remove_member(path_int(request, "id"))
-    return json_response({"status": "removed", "id": int(request.match_info["id"])})
+    return json_response(await request.app[BROKER].remove_member(path_int(request, "id")))
+
+
+async def receive_removal(request: web.Request) -> web.Response:
+    """The leader's signed notice that this node was removed (sent by the leader itself)."""
+    body = await request.read()
+    signature = request.headers.get(SIGNATURE_HEADER, "")
+    return json_response(request.app[BROKER].receive_removal(body, signature))
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return json_response({"status": "ok"})
+    broker = request.app.get(BROKER)  # the probe answers before anything else is set up
+    removed = broker is not None and broker.raftlog.removal is not None
+    return json_response({"status": "ok", "removed_from_cluster": removed})
 
 
 async def readyz(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
+    if broker.raftlog.removal is not None:
+        # Not ready, and not something a retry fixes: 410, as the client routes answer.
+        return json_response({"status": "removed_from_cluster"}, status=410)
     leader = broker.raftlog.leader_address()
     if leader is None:
         return json_response({"status": "no_leader"}, status=503, headers={"Retry-After": "1"})
@@ -655,6 +714,7 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/v1/admin/leadership/transfer", leadership_transfer)
     r.add_post("/v1/admin/members", add_member)
     r.add_delete("/v1/admin/members/{id}", remove_member)
+    r.add_post("/v1/admin/node/removal", receive_removal)
     r.add_get("/healthz", healthz)
     r.add_get("/readyz", readyz)
     r.add_get("/metrics", metrics)
@@ -676,6 +736,7 @@ def create_app(broker: Broker) -> web.Application:
             metrics_middleware,
             error_middleware,
             auth_middleware(broker.config.auth_token, metrics_public=broker.config.metrics_public),
+            removed_middleware,
             guard.body,
         ],
     )
@@ -684,6 +745,7 @@ def create_app(broker: Broker) -> web.Application:
     app[CONNECTIONS] = guard
     broker.connections = guard
     app[METRICS].registry.register(_BoundsCollector(broker, guard))
+    app[METRICS].registry.register(_MembershipCollector(broker))
     app[CONFIG_HOOKS] = []
     app[RUNTIME_CONFIG] = RuntimeConfig(broker, app[CONFIG_HOOKS], logs.set_level)
 

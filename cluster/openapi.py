@@ -47,6 +47,20 @@ def _object(**fields: str) -> dict[str, Any]:
     return {"type": "object", "properties": {k: {"type": t} for k, t in fields.items()}}
 
 
+_MEMBERSHIP_CHANGE = {
+    **_object(
+        seq="integer",
+        action="string",
+        id="integer",
+        raft="string",
+        http="string",
+        at_ms="integer",
+        term="integer",
+    ),
+    "description": 'action is "add" or "remove"; at_ms and term are the leader\'s',
+}
+
+
 _MESSAGE_OUT = _object(
     msg_id="string",
     topic="string",
@@ -195,15 +209,25 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
             inflight_commands="integer",
             last_election_ms="number",
             leader_changes="array",
+            removed="object",
             reachable="boolean",
         ),
         [],
     ),
     ("GET", "/v1/admin/cluster"): (
         "The cluster view aggregated from every node (each as /v1/admin/node, with "
-        "replication_lag).",
+        "replication_lag), and the replicated membership history (the last 100 changes, "
+        "identical on every node).",
         None,
-        _object(leader="integer", term="integer", nodes="array"),
+        {
+            "type": "object",
+            "properties": {
+                "leader": {"type": "integer"},
+                "term": {"type": "integer"},
+                "nodes": {"type": "array"},
+                "membership_history": {"type": "array", "items": _MEMBERSHIP_CHANGE},
+            },
+        },
         [],
     ),
     ("GET", "/v1/admin/digest"): (
@@ -249,14 +273,29 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
         [],
     ),
     ("DELETE", "/v1/admin/members/{id}"): (
-        "Remove a member.",
+        "Remove a member, this node or the leader included: the leader hands its leadership "
+        "over first (409 leader_not_handed_over when no member could take it), and the new "
+        "leader removes it. The removed node is told, answers 410 removed_from_cluster and "
+        "stops campaigning until it is added back.",
         None,
-        _object(status="string", id="integer"),
+        _object(status="string", id="integer", leader="integer"),
         [],
     ),
-    ("GET", "/healthz"): ("200 while the process serves.", None, _object(status="string"), []),
+    ("POST", "/v1/admin/node/removal"): (
+        "Sent by the leader to a node it removed: the removal notice, signed with the cluster "
+        "secret (X-Chronomq-Signature); 409 notice_refused when it does not hold.",
+        {"type": "object"},
+        _object(status="string", removal="object"),
+        [],
+    ),
+    ("GET", "/healthz"): (
+        "200 while the process serves (removed_from_cluster says whether it was removed).",
+        None,
+        _object(status="string", removed_from_cluster="boolean"),
+        [],
+    ),
     ("GET", "/readyz"): (
-        "200 once the node knows a leader, else 503.",
+        "200 once the node knows a leader, else 503; 410 on a node removed from the cluster.",
         None,
         _object(status="string", leader="integer"),
         [],

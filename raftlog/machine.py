@@ -35,10 +35,12 @@ from pysyncobj.monotonic import monotonic as _pso_monotonic
 from pysyncobj.syncobj import _RAFT_STATE
 from pysyncobj.transport import TCPNode
 
-from raftlog import catchup, transport
+from raftlog import catchup, prevote, transport
 from raftlog.config import RaftConfig
 from raftlog.errors import StoreCorruption
 from raftlog.journalcheck import check_journal, journal_advice
+from raftlog.prevote import LogPosition, PreVoteRound, VoterState
+from raftlog.removal import RemovalFile, RemovalNotice
 from raftlog.store import FetchTarget, Store, decode_entry, encode_entry
 from raftlog.ticks import TickWatch
 
@@ -115,6 +117,10 @@ class ReplicatedLog(SyncObj):
     _SyncObj__raftState: int
     _SyncObj__otherNodes: set[Any]
     _SyncObj__lastResponseTime: dict[Any, float]
+    _SyncObj__raftCurrentTerm: int
+    _SyncObj__raftElectionDeadline: float
+    _SyncObj__transferInProgress: bool
+    _SyncObj__raftLeader: Any
 
     def __init__(
         self,
@@ -133,6 +139,26 @@ class ReplicatedLog(SyncObj):
         raft_dir = Path(config.data_dir) / "raft"
         raft_dir.mkdir(parents=True, exist_ok=True)
         self._dump_path = str(raft_dir / "snapshot")
+        # Pre-vote and leader stickiness (raftlog/prevote.py), and this node's removal.
+        self._removal_file = RemovalFile(raft_dir)
+        self.removal: RemovalNotice | None = self._removal_file.load()
+        self.on_removal_changed: Callable[[RemovalNotice | None], None] | None = None
+        self._leader_heard_s: float | None = None
+        self._prevote: PreVoteRound | None = None
+        self._election_allowed_term: int | None = None  # pre-vote won from this term
+        self._transfer_election = False
+        self._stickiness_s = prevote.stickiness_s(
+            config.raft_min_timeout_ms / 1000, config.append_entries_period_ms / 1000
+        )
+        self.prevotes_started = 0
+        self.prevotes_won = 0
+        self.votes_ignored = 0
+        if self.removal is not None:
+            log.warning(
+                "this node was removed from the cluster (%s): it does not campaign and answers "
+                "410 removed_from_cluster until an operator adds it back",
+                self.removal.describe(),
+            )
         # Half the shortest election timeout: a tick that long is one heartbeat from an election.
         self.ticks = TickWatch(config.raft_min_timeout_ms / 2)
         # Apply no longer than a heartbeat period in one tick (see _SyncObj__applyLogEntries).
@@ -194,6 +220,20 @@ class ReplicatedLog(SyncObj):
             )
         finally:
             _syncobj_module.createJournal = original
+        # Every message pysyncobj and the hooks below send goes through _marked_send: the
+        # request_vote of an election started by a transfer carries "transfer": True.
+        wire = self._SyncObj__transport
+        self._send_raw: Callable[[Any, Any], Any] = wire.send
+        wire.send = self._marked_send
+
+    def _marked_send(self, node: Any, message: Any) -> Any:
+        if (
+            self._transfer_election
+            and isinstance(message, dict)
+            and message.get("type") == "request_vote"
+        ):
+            message = {**message, "transfer": True}
+        return self._send_raw(node, message)
 
     # ------------------------------------------------------------------ pysyncobj hooks
 
@@ -207,7 +247,11 @@ class ReplicatedLog(SyncObj):
                 # applied) the leader's heartbeats wait unread in the socket: a follower reads
                 # them first, so that being busy is not taken for the leader's silence.
                 self._poller.poll(0)
-            super()._onTick(0.0 if self._apply_behind else timeToWait)
+            self._campaign_gate()
+            try:
+                super()._onTick(0.0 if self._apply_behind else timeToWait)
+            finally:
+                self._transfer_election = False
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EIO, errno.EDQUOT):
                 raise
@@ -218,6 +262,172 @@ class ReplicatedLog(SyncObj):
         report = self.ticks.end()
         if report is not None:
             log.warning("%s", report.describe(self.ticks.slow_ms))
+
+    # ------------------------------------------------------------------ pre-vote
+
+    def _campaign_gate(self) -> None:
+        """Before pysyncobj's tick looks at the election timer: let an election start only
+        after a won pre-vote or for a leadership transfer, and never on a removed node.
+
+        pysyncobj starts an election (term + 1) when the timer has fired and it is connected
+        to anyone. Here, when the timer has fired, a pre-vote round is sent instead and the
+        timer re-armed; the round's majority of yes re-fires it (:meth:`_on_prevote_answer`)
+        for this term only.
+        """
+        if self._SyncObj__raftState == _RAFT_STATE_LEADER:
+            self._prevote = None
+            return
+        now = _pso_monotonic()
+        if self.removal is not None:
+            self._SyncObj__raftElectionDeadline = now + self._cfg.raft_max_timeout_ms / 1000
+            self._SyncObj__raftLeader = None
+            return
+        if self._SyncObj__raftElectionDeadline >= now:
+            return
+        term = self._SyncObj__raftCurrentTerm
+        if self._SyncObj__transferInProgress:
+            # TimeoutNow from the leader: no pre-vote, and the votes ignore stickiness.
+            self._transfer_election = True
+            return
+        if self._election_allowed_term == term:
+            return  # pre-vote won: pysyncobj's tick starts the election
+        if not self._SyncObj__connectedToAnyone():
+            return  # pysyncobj would not start one either
+        others = list(self._SyncObj__otherNodes)
+        if not others:
+            self._election_allowed_term = term
+            return
+        self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
+        # The leader went silent for an election timeout: forget it, as an election would.
+        self._SyncObj__raftLeader = None
+        self._prevote = PreVoteRound(
+            term + 1,
+            frozenset(n.id for n in others),
+            expires_s=self._SyncObj__raftElectionDeadline,
+        )
+        self.prevotes_started += 1
+        message = {
+            "type": prevote.PRE_VOTE,
+            "term": term + 1,
+            "last_log_index": self._SyncObj__getCurrentLogIndex(),
+            "last_log_term": self._SyncObj__getCurrentLogTerm(),
+        }
+        for node in others:
+            self._SyncObj__transport.send(node, message)
+
+    def _voter_state(self) -> VoterState:
+        return VoterState(
+            current_term=self._SyncObj__raftCurrentTerm,
+            last_log=LogPosition(
+                self._SyncObj__getCurrentLogTerm(), self._SyncObj__getCurrentLogIndex()
+            ),
+            leads=self._SyncObj__raftState == _RAFT_STATE_LEADER,
+            leader_heard_s=self._leader_heard_s,
+            stickiness_s=self._stickiness_s,
+        )
+
+    def _on_prevote(self, node: Any, message: dict[str, Any]) -> None:
+        term = message.get("term")
+        index = message.get("last_log_index")
+        last_term = message.get("last_log_term")
+        if not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in (term, index, last_term)
+        ):
+            return
+        assert isinstance(term, int) and isinstance(index, int) and isinstance(last_term, int)
+        refusal = (
+            "this node was removed from the cluster"
+            if self.removal is not None
+            else prevote.prevote_refusal(
+                self._voter_state(), _pso_monotonic(), term, LogPosition(last_term, index)
+            )
+        )
+        if refusal is not None:
+            log.debug("pre-vote for term %d from %s refused: %s", term, node.id, refusal)
+        self._SyncObj__transport.send(
+            node, {"type": prevote.PRE_VOTE_RESPONSE, "term": term, "granted": refusal is None}
+        )
+
+    def _on_prevote_answer(self, node: Any, message: dict[str, Any]) -> None:
+        rnd = self._prevote
+        if rnd is None or self._SyncObj__raftState == _RAFT_STATE_LEADER:
+            return
+        term = self._SyncObj__raftCurrentTerm
+        if rnd.proposed_term != term + 1 or rnd.expired(_pso_monotonic()):
+            self._prevote = None
+            return
+        answer_term = message.get("term")
+        if not isinstance(answer_term, int):
+            return
+        rnd.record(node.id, answer_term, message.get("granted") is True)
+        if rnd.won:
+            self._prevote = None
+            self.prevotes_won += 1
+            self._election_allowed_term = term
+            self._SyncObj__raftElectionDeadline = 0
+
+    def _ignores_vote_request(self, message: dict[str, Any]) -> bool:
+        if self.removal is not None:
+            return True
+        ignore = prevote.ignores_vote_request(
+            self._voter_state(), _pso_monotonic(), transfer=message.get("transfer") is True
+        )
+        if ignore:
+            self.votes_ignored += 1
+        return ignore
+
+    # ------------------------------------------------------------------ removal
+
+    def mark_removed(self, notice: RemovalNotice) -> bool:
+        """Record that this node was removed (any thread); False if it already knew."""
+        if self.removal is not None:
+            return False
+        self._removal_file.save(notice)
+        self.removal = notice
+        log.warning(
+            "this node was removed from the cluster (%s): it stops campaigning and answers "
+            "410 removed_from_cluster until an operator adds it back",
+            notice.describe(),
+        )
+        if self.on_removal_changed is not None:
+            self.on_removal_changed(notice)
+        return True
+
+    def _readmitted(self, node: Any) -> None:
+        """A leader sends this removed node entries: it is a member again."""
+        notice = self.removal
+        if notice is None:
+            return
+        self.removal = None
+        try:
+            self._removal_file.clear()
+        except OSError as exc:
+            log.error("could not delete %s: %s", self._removal_file.path, exc)
+        log.info(
+            "this node was added back to the cluster: leader %s sends it entries (it had been %s)",
+            getattr(node, "id", node),
+            notice.describe(),
+        )
+        if self.on_removal_changed is not None:
+            self.on_removal_changed(None)
+
+    def _SyncObj__doChangeCluster(self, request: Any, reverse: bool = False) -> bool:  # noqa: N802
+        """pysyncobj's membership change, logged when it changes this node's peers (on the
+        leader when proposed, on a follower when appended, undone when truncated)."""
+        done = bool(super()._SyncObj__doChangeCluster(request, reverse))
+        if done:
+            kind = request[0] if isinstance(request, list | tuple) and request else "?"
+            node = request[1] if isinstance(request, list | tuple) and len(request) > 1 else "?"
+            action = {"add": "added", "rem": "removed"}.get(str(kind), str(kind))
+            if reverse:
+                action = f"undid {'adding' if kind == 'add' else 'removing'}"
+            log.info(
+                "Raft membership: %s %s (members now: %s)",
+                action,
+                node,
+                ", ".join(sorted([self.selfNode.id, *(n.id for n in self._SyncObj__otherNodes)])),
+            )
+        return done
 
     def _SyncObj__applyLogEntries(self) -> bool:  # noqa: N802
         """Apply committed entries for at most ``apply_budget_s`` per tick.
@@ -281,19 +491,27 @@ class ReplicatedLog(SyncObj):
         "truncating already-applied log entries"). A follower that really misses entries
         answers with ``reset``, which still rewinds ``nextIndex`` as before.
         """
-        if (
-            isinstance(message, dict)
-            and message.get("type") == "append_entries"
-            and "serialized" in message
-            and "prevLogIdx" not in message
-        ):
+        if not isinstance(message, dict):
+            super()._SyncObj__onMessageReceived(node, message)
+            return
+        kind = message.get("type")
+        if kind == prevote.PRE_VOTE:
+            self._on_prevote(node, message)
+            return
+        if kind == prevote.PRE_VOTE_RESPONSE:
+            self._on_prevote_answer(node, message)
+            return
+        if kind == "request_vote" and self._ignores_vote_request(message):
+            return
+        if kind == "timeout_now" and self.removal is not None:
+            return
+        if kind == "append_entries" and message.get("term", -1) >= self._SyncObj__raftCurrentTerm:
+            self._leader_heard_s = _pso_monotonic()
+            if self.removal is not None:
+                self._readmitted(node)
+        if kind == "append_entries" and "serialized" in message and "prevLogIdx" not in message:
             message = self._hold_commit_index(message)
-        if (
-            isinstance(message, dict)
-            and message.get("type") == "next_node_idx"
-            and message.get("success")
-            and not message.get("reset")
-        ):
+        if kind == "next_node_idx" and message.get("success") and not message.get("reset"):
             next_index = self._SyncObj__raftNextIndex
             before = next_index.get(node)
             super()._SyncObj__onMessageReceived(node, message)
@@ -507,4 +725,8 @@ class ReplicatedLog(SyncObj):
             "ticks": self.ticks.ticks,
             "slow_ticks": self.ticks.slow_ticks,
             "max_tick_ms": round(self.ticks.max_ms, 1),
+            "removed": self.removal is not None,
+            "prevotes_started": self.prevotes_started,
+            "prevotes_won": self.prevotes_won,
+            "votes_ignored": self.votes_ignored,
         }

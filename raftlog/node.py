@@ -43,6 +43,7 @@ from raftlog.errors import (
 )
 from raftlog.extension import ApplyExtension, check_name
 from raftlog.machine import ReplicatedLog, _addr
+from raftlog.removal import RemovalNotice
 from raftlog.store import ApplyResult, BatchOutcome, Store, TopicLimits
 
 log = logging.getLogger(__name__)
@@ -410,12 +411,35 @@ class RaftLog:
 
     # ------------------------------------------------------------------ membership
 
+    def is_member(self, raft_address: str) -> bool:
+        """True when ``raft_address`` is another member in this node's Raft configuration."""
+        return raft_address in {n.id for n in list(self.machine.otherNodes)}
+
+    def first_entry_applied(self) -> bool:
+        """True when this leader has applied the no-op entry that opens its term.
+
+        pysyncobj refuses a membership change (``REQUEST_DENIED``) until then: its pending
+        change guard is the index of that no-op, set when a node becomes leader and only
+        checked against what it has applied. A leader with a backlog of entries to apply
+        after an election (a transfer under load) refuses every change until the backlog is
+        applied.
+        """
+        noop = getattr(self.machine, "_SyncObj__noopIDx", None)
+        return (
+            self.machine._isLeader() and noop is not None and self.machine.raftLastApplied >= noop
+        )
+
     def change_membership(self, action: str, raft_address: str) -> Future[None]:
-        """Add (``"add"``) or remove (``"remove"``) a Raft member; resolves when committed."""
+        """Add (``"add"``) or remove (``"remove"``) a Raft member; resolves when committed.
+
+        Fails with :class:`ConditionFailed` when pysyncobj refuses it (``REQUEST_DENIED``);
+        :meth:`membership_refusal` says why.
+        """
         self._check_leader()
+        if action not in ("add", "remove"):
+            raise InvalidInput(f"unknown membership action {action!r}", "action")
         fut: Future[None] = Future()
-        members = {n.id for n in self.machine.otherNodes}
-        if (action == "add") == (raft_address in members):
+        if (action == "add") == self.is_member(raft_address):
             # Already done (a retried request): asking pysyncobj again would be refused.
             fut.set_result(None)
             return fut
@@ -424,11 +448,10 @@ class RaftLog:
             if fut.done():
                 return
             if err == 0:
+                log.info("Raft membership change committed: %s %s", action, raft_address)
                 fut.set_result(None)
-            elif err == 6:  # REQUEST_DENIED: an earlier change is not committed yet
-                fut.set_exception(
-                    ConditionFailed("another membership change is still in progress; retry")
-                )
+            elif err == 6:  # REQUEST_DENIED
+                fut.set_exception(ConditionFailed(self.membership_refusal(action, raft_address)))
             else:
                 fut.set_exception(
                     NotLeader(f"membership change failed (reason {err})", self.leader_address())
@@ -436,13 +459,34 @@ class RaftLog:
 
         if action == "add":
             self.machine.addNodeToCluster(raft_address, callback=done)
-        elif action == "remove":
-            self.machine.removeNodeFromCluster(raft_address, callback=done)
         else:
-            raise InvalidInput(f"unknown membership action {action!r}", "action")
+            self.machine.removeNodeFromCluster(raft_address, callback=done)
         return fut
 
+    def membership_refusal(self, action: str, raft_address: str) -> str:
+        """Why pysyncobj refused a membership change, as far as this node can tell."""
+        if not self.machine._isLeader():
+            return "this node stopped leading before the change was proposed; retry"
+        if not self.first_entry_applied():
+            return (
+                "the leader has not applied the first entry of its term yet (it is still "
+                "applying entries after an election); retry"
+            )
+        if action == "add" and self.is_member(raft_address):
+            return f"{raft_address} is already a member"
+        if action == "remove" and not self.is_member(raft_address):
+            return f"{raft_address} is not a member"
+        return "another membership change is still in progress; retry"
+
     # ------------------------------------------------------------------ reads
+
+    @property
+    def removal(self) -> RemovalNotice | None:
+        """The recorded removal of this node from the cluster, or None."""
+        return self.machine.removal
+
+    def mark_removed(self, notice: RemovalNotice) -> bool:
+        return self.machine.mark_removed(notice)
 
     def add_apply_listener(self, listener: Callable[[ApplyResult], None]) -> None:
         """``listener(result)`` runs on the Raft thread after every applied command."""
