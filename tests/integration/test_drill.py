@@ -129,8 +129,11 @@ def test_churn_drill_moves_the_leadership_and_a_member_safely(tmp_path: Path) ->
             assert t["moved"] and t["claimed_leader"] == t["new_leader"], t
         if t["status"] in (409, 504):
             assert t["error"], t
-    changes = [(r["step"], r["status"]) for r in steps if r["fault"] == "membership"]
-    assert changes == [("remove", 200), ("add", 201)], detail
+    changes = [r for r in steps if r["fault"] == "membership"]
+    assert [r["step"] for r in changes] == ["remove", "add"], detail
+    for r in changes:
+        # 404 (remove) and 409 member_exists (add) only after an attempt whose answer was lost.
+        assert r["status"] in (200, 201) or (r["retries"] and r["status"] in (404, 409)), r
     # Today a removed node that keeps running still serves clients, and the drill records
     # that as a finding. Once the removed-node part of issue 20 is merged (410
     # removed_from_cluster on client routes), this tightens to: result["findings"] == [].
