@@ -6,7 +6,8 @@ none (the node picks the most caught-up). The contract: 200 ``{"status": "transf
 "leader": id}`` once the leadership moved, 409/504 with a JSON error when it did not; a 202
 ``{"status": "transferring"}`` (the older answer) counts as asked, and the drill then waits,
 bounded, for the cluster to name another leader. Every answer is recorded (status, error, how
-long it took, whether the leader moved, how long the cluster had no leader).
+long it took, whether the leader moved, how long the cluster had no leader); a 200 after which
+the leadership did not move to the leader it names is a finding.
 
 ``membership`` removes a random follower (never the leader; the others stay a majority) with
 ``DELETE /v1/admin/members/{id}`` while it keeps running, waits until the other members no
@@ -128,6 +129,7 @@ async def transfer_leader(ctx: FaultContext) -> dict[str, Any]:
     first = await ctx.leader()
     ctx.record("start", fault="transfer-leader", node=first, transfers=rounds)
     answers: list[dict[str, Any]] = []
+    findings: list[str] = []
     async with admin.session(c) as http, LeaderWatch(http, c, list(range(c.n))) as watch:
         for k in range(rounds):
             leader = await watch.wait_leader(SETTLE_TIMEOUT_S)
@@ -167,6 +169,11 @@ async def transfer_leader(ctx: FaultContext) -> dict[str, Any]:
             }
             answers.append(row)
             ctx.record("disruption", fault="transfer-leader", step="transfer", t_ms=asked_ms, **row)
+            if answer.status == 200 and (not row["moved"] or claimed != new):
+                findings.append(
+                    f"transfer {k} answered 200 naming leader {claimed}, but the leader went "
+                    f"from {leader} to {new}"
+                )
         await admin.wait_caught_up(http, c, list(range(c.n)), CATCH_UP_S)
         gaps = watch.gaps
     moved = sum(1 for a in answers if a["moved"])
@@ -175,10 +182,11 @@ async def transfer_leader(ctx: FaultContext) -> dict[str, Any]:
         fault="transfer-leader",
         transfers=rounds,
         moved=moved,
+        findings=findings,
         leaderless_ms=gaps.leaderless_ms,
         longest_leaderless_ms=gaps.longest_ms,
     )
-    return {"transfers": answers, "moved": moved}
+    return {"transfers": answers, "moved": moved, "findings": findings}
 
 
 # ---------------------------------------------------------------------- membership
@@ -279,7 +287,9 @@ async def membership(ctx: FaultContext) -> dict[str, Any]:
             leaderless_ms=watch.gaps.leaderless_ms - before_ms,
         )
         if not await _wait_listed(http, ctx, members, victim, False, REMOVED_WAIT_S):
-            findings.append(f"node {victim} still listed by a member {REMOVED_WAIT_S:.0f} s after")
+            findings.append(
+                f"node {victim} still listed by a member {REMOVED_WAIT_S:.0f} s after its removal"
+            )
         gone = await _wait_gone(http, ctx, victim, REMOVED_WAIT_S)
         if gone.status != 410 or gone.error != "removed_from_cluster":
             said = f"{gone.status} {gone.error}" if gone.error else str(gone.status)
