@@ -14,7 +14,11 @@ Safety counts (any of them non-zero fails the drill):
 Reported only: ``recovered`` (a produce that failed or whose outcome was unknown, delivered
 anyway, which is allowed: "unknown" means exactly that), lateness of delayed messages (copy
 ``store_ms`` minus due), and per fault the time from its start to the next acknowledged produce
-(invoked after the start) and to the next delivery of a delayed message (RTO).
+(invoked after the start) and to the next delivery of a delayed message (RTO). A fault made of
+several disruptions (``transfer-leader``: each transfer; ``membership``: the removal and the
+re-add) records each as a ``disruption``; its times are measured from each of them instead,
+and the time they left the cluster without a leader (their ``leaderless_ms``) is summed up in
+``leaderless_s``.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class CheckResult:
     lateness_ms: dict[str, float | None] = field(default_factory=dict)
     rto_s: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
     produce_rto_s: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
+    leaderless_s: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
     faults: list[dict[str, Any]] = field(default_factory=list)
     examples: dict[str, list[str]] = field(default_factory=dict)
 
@@ -67,6 +72,7 @@ class CheckResult:
             "lateness_ms": self.lateness_ms,
             "rto_s": self.rto_s,
             "produce_rto_s": self.produce_rto_s,
+            "leaderless_s": self.leaderless_s,
             "faults": self.faults,
             "examples": self.examples,
             "safe": self.safe,
@@ -100,6 +106,7 @@ def check(records: Iterable[Mapping[str, Any]], *, skew_allowance_ms: int = 0) -
     """Check a history (records as :mod:`ops.drill.history` writes them)."""
     messages: dict[str, _Message] = {}
     faults: list[dict[str, Any]] = []
+    disruptions: list[dict[str, Any]] = []
     produce_oks: list[tuple[int, int]] = []  # (invoke t_ms, ok t_ms)
     invoke_at: dict[str, int] = {}
     unexpected: set[str] = set()
@@ -134,6 +141,8 @@ def check(records: Iterable[Mapping[str, Any]], *, skew_allowance_ms: int = 0) -
             messages[token].copies.append(rec)
         elif op == "fault" and kind == "start":
             faults.append(dict(rec))
+        elif op == "fault" and kind == "disruption":
+            disruptions.append(dict(rec))
 
     result = CheckResult(faults=faults)
     examples: dict[str, list[str]] = defaultdict(list)
@@ -178,8 +187,29 @@ def check(records: Iterable[Mapping[str, Any]], *, skew_allowance_ms: int = 0) -
         "p99": round(percentile(lateness, 0.99), 1) if lateness else None,
         "max": lateness[-1] if lateness else None,
     }
-    result.rto_s, result.produce_rto_s = _recovery(faults, messages, produce_oks)
+    marks = recovery_marks(faults, disruptions)
+    result.rto_s, result.produce_rto_s = _recovery(marks, messages, produce_oks)
+    result.leaderless_s = _leaderless(disruptions)
     return result
+
+
+def recovery_marks(
+    faults: list[dict[str, Any]], disruptions: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """What recovery is measured from: each disruption of a fault type that records them,
+    else each start."""
+    disrupting = {str(d.get("fault")) for d in disruptions}
+    marks = [f for f in faults if str(f.get("fault")) not in disrupting]
+    return sorted([*marks, *disruptions], key=lambda r: int(r["t_ms"]))
+
+
+def _leaderless(disruptions: list[dict[str, Any]]) -> dict[str, dict[str, float | int | None]]:
+    """Per fault type: the seconds without a leader that each disruption caused."""
+    gaps: dict[str, list[float]] = defaultdict(list)
+    for d in disruptions:
+        if d.get("leaderless_ms") is not None:
+            gaps[str(d.get("fault"))].append(int(d["leaderless_ms"]) / 1000)
+    return {name: _summary(values) for name, values in sorted(gaps.items())}
 
 
 def _recovery(
@@ -187,7 +217,8 @@ def _recovery(
     messages: Mapping[str, _Message],
     produce_oks: list[tuple[int, int]],
 ) -> tuple[dict[str, dict[str, float | int | None]], dict[str, dict[str, float | int | None]]]:
-    """Per fault type: seconds from each fault's start to the next delivery and produce."""
+    """Per fault type: seconds from each mark (a fault's start, or one of its disruptions) to
+    the next delivery and produce."""
     deliveries = sorted(
         int(c["store_ms"])
         for m in messages.values()

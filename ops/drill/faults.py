@@ -14,7 +14,13 @@ partition-halves   cut the nodes into two halves (root)
 clock-skew         move one node's wall clock by 2-5 s either way, then back (the broker's
                    clock reads a skew file; Raft's monotonic timers are left alone)
 kill-at-due        produce a burst of delayed messages, and SIGKILL the leader as they fall due
+transfer-leader    3-5 leadership transfers in a row (to a random follower, or to none: the
+                   most caught-up), each asked of a random node; records every answer
+membership         remove a random follower while it runs, check it is dropped and answers 410,
+                   add it back after ``hold_s`` and wait until it has caught up
 =================  =========================================================================
+
+The churn faults (the last two) live in :mod:`ops.drill.churn`.
 
 A fault that cannot run here (no root for partitions) is skipped with a message, once.
 """
@@ -22,19 +28,30 @@ A fault that cannot run here (no root for partitions) is skipped with a message,
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import random
 import signal
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster.launcher import LocalCluster
-from ops.drill import netns
+from ops.drill import churn, netns
+from ops.drill.context import DEFAULT_HOLD_S, FaultContext, wait_converged, wait_leader
+
+__all__ = [
+    "ALL_FAULTS",
+    "CHURN",
+    "DEFAULT_HOLD_S",
+    "PARTITIONS",
+    "FaultContext",
+    "inject",
+    "skew_env",
+    "unavailable_reason",
+    "wait_converged",
+    "wait_leader",
+]
 
 PARTITIONS = ("partition-leader", "isolate-follower", "partition-halves")
+CHURN = ("transfer-leader", "membership")
 ALL_FAULTS = (
     "kill-leader",
     "kill-follower",
@@ -43,8 +60,8 @@ ALL_FAULTS = (
     *PARTITIONS,
     "clock-skew",
     "kill-at-due",
+    *CHURN,
 )
-DEFAULT_HOLD_S = 3.0
 
 
 def skew_env(node_dir: Path) -> dict[str, str]:
@@ -62,69 +79,6 @@ def unavailable_reason(name: str, network: netns.Network | None, skew: bool) -> 
     if name == "clock-skew" and not skew:
         return "clock-skew needs the nodes started with a skew file"
     return None
-
-
-@dataclass
-class FaultContext:
-    cluster: LocalCluster
-    rng: random.Random
-    network: netns.Network | None
-    record: Callable[..., None]
-    """``record(type, fault=..., **detail)``: history and event log."""
-    burst: Callable[[int], Coroutine[Any, Any, int]] | None = None
-    """Produce a burst of delayed messages; returns when they fall due (ms)."""
-    hold_s: float = DEFAULT_HOLD_S
-    pauses: int = 0
-    skew_ms: int = 0
-    """Largest clock skew injected so far (the checker allows for it)."""
-    healers: list[Callable[[], None]] = field(default_factory=list)
-
-    async def leader(self) -> int:
-        return await wait_leader(self.cluster, 30)
-
-    def others(self, i: int) -> list[int]:
-        return [j for j in range(self.cluster.n) if j != i]
-
-
-# The cluster's waits block; run them on threads in slices of a second or two. A cancelled
-# drill (Ctrl-C) leaves asyncio.run() only once every thread it started has returned, so a
-# 60 s wait on a thread would hold Ctrl-C for up to 60 s.
-_SLICE_S = 2.0
-
-
-async def wait_leader(cluster: LocalCluster, timeout_s: float) -> int:
-    """:meth:`LocalCluster.wait_leader` (the leader, once every node knows it or the time is
-    up), waiting on threads at most :data:`_SLICE_S` at a time."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"no leader within {timeout_s} s")
-        with contextlib.suppress(TimeoutError):
-            leader = await asyncio.to_thread(cluster.wait_leader, min(left, _SLICE_S))
-            break
-    while time.monotonic() < deadline:
-        try:
-            await asyncio.to_thread(
-                cluster.wait_all_know_leader, min(deadline - time.monotonic(), _SLICE_S)
-            )
-            break
-        except TimeoutError:
-            continue
-    return leader
-
-
-async def wait_converged(cluster: LocalCluster, timeout_s: float) -> None:
-    """:meth:`LocalCluster.wait_converged`, on threads at most :data:`_SLICE_S` at a time."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        left = deadline - time.monotonic()
-        try:
-            await asyncio.to_thread(cluster.wait_converged, max(0.1, min(left, _SLICE_S)))
-            return
-        except TimeoutError:
-            if time.monotonic() >= deadline:
-                raise
 
 
 async def inject(name: str, ctx: FaultContext) -> dict[str, Any]:
@@ -246,4 +200,6 @@ _FAULTS: dict[str, Callable[[FaultContext], Coroutine[Any, Any, dict[str, Any]]]
     "partition-halves": partition_halves,
     "clock-skew": clock_skew,
     "kill-at-due": kill_at_due,
+    "transfer-leader": churn.transfer_leader,
+    "membership": churn.membership,
 }

@@ -4,7 +4,10 @@ The cluster is started by the drill, on loopback, or (when a partition fault is 
 the drill runs as root) with each node in its own network namespace. Faults run one at a
 time: a warm-up, then each fault of ``--faults`` in turn (in an order drawn from ``--seed``),
 each followed by a quiet period, until ``--duration`` is over. Producers then stop, the
-consumers drain, and the checker reads the history.
+consumers drain, and the checker reads the history. The churn faults need no root:
+``transfer-leader`` moves the leadership 3-5 times in a row and ``membership`` removes a
+follower while it runs and adds it back; the RTO table then also gives, per fault, the time
+each disruption left the cluster without a leader.
 
 Everything the drill creates (processes, namespaces, bridge, nftables rules, clock-skew files)
 is removed when it ends, also on Ctrl-C or failure. The output directory keeps the history
@@ -133,6 +136,8 @@ async def _drill(
                 )
                 if type_ == "start":
                     _progress(f"fault {detail.get('fault')} {detail}")
+                elif type_ == "disruption":
+                    _progress(f"  {detail.get('fault')} {detail.get('step')}: {_brief(detail)}")
 
             ctx = faultlib.FaultContext(
                 cluster=cluster,
@@ -156,13 +161,15 @@ async def _drill(
             producing = asyncio.create_task(workload.run_producers(args.duration))
             started = time.monotonic()
             ran: list[str] = []
+            findings: list[str] = []
             await asyncio.sleep(WARMUP_S)
             try:
                 for name in order:
                     if time.monotonic() - started > args.duration:
                         break
-                    await faultlib.inject(name, ctx)
+                    detail = await faultlib.inject(name, ctx)
                     ran.append(name)
+                    findings.extend(f"{name}: {f}" for f in detail.get("findings", []))
                     await faultlib.wait_leader(cluster, 60)
                     await asyncio.sleep(QUIET_S)
             except (RuntimeError, TimeoutError) as exc:
@@ -194,12 +201,19 @@ async def _drill(
             result["skipped_faults"] = skipped
             result["faults_planned"] = order
             result["faults_run"] = ran
+            result["findings"] = findings
             result["skew_allowance_ms"] = ctx.skew_ms + 50 if ctx.skew_ms else 0
     finally:
         history.close()
         if events is not None:
             events.close()
     return result
+
+
+def _brief(detail: dict[str, Any]) -> str:
+    """A disruption's progress line: its answer and what followed, without the repeats."""
+    keep = {k: v for k, v in detail.items() if k not in ("fault", "step", "t_ms") and v is not None}
+    return " ".join(f"{k}={v}" for k, v in keep.items())
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -281,16 +295,21 @@ def _table(result: dict[str, Any]) -> None:
         ("replicas converged", result.get("replicas_converged")),
     ]
     print_rows(rows)
+    for finding in result.get("findings", []):
+        print(f"finding: {finding}")
     if result["rto_s"]:
         print()
         print(
-            f"{'fault'.ljust(18)}  {'n':>3}  {'RTO min':>8}  {'median':>8}  {'max':>8}  produce median"
+            f"{'fault'.ljust(18)}  {'n':>3}  {'RTO min':>8}  {'median':>8}  {'max':>8}  "
+            f"{'produce median':>14}  leaderless median/max"
         )
         for name, r in result["rto_s"].items():
             p = result["produce_rto_s"].get(name, {})
+            gap = result.get("leaderless_s", {}).get(name)
             print(
                 f"{name.ljust(18)}  {r['n']:>3}  {r['min']!s:>8}  {r['median']!s:>8}  "
-                f"{r['max']!s:>8}  {p.get('median')}"
+                f"{r['max']!s:>8}  {p.get('median')!s:>14}  "
+                + (f"{gap['median']} / {gap['max']}" if gap else "-")
             )
 
 
@@ -345,6 +364,7 @@ def register(subparsers: Any) -> None:
         epilog="examples:\n"
         "  chronomq drill --nodes 3 --faults kill-leader,kill-follower,pause-leader "
         "--duration 60 --seed 7 --out drill.json\n"
+        "  chronomq drill --nodes 3 --faults transfer-leader,membership --duration 60 --seed 7\n"
         "  sudo chronomq drill --nodes 5 --faults all --duration 600 --out drill5.json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

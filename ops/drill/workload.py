@@ -3,8 +3,9 @@
 Each message's body is its token (``<seed>-<n>``), known before it is sent. A produce is one
 message per request with the token as Idempotency-Key, so the client's retries store it once.
 An answer 4xx is ``fail``; no answer before the deadline (or a 5xx to the end) is ``unknown``.
-Consumers read every queue of the topic from any node, from offset 0, and record each message
-they see once per position.
+Consumers read every queue of the topic from offset 0, each from one node until that node
+fails to answer (killed, cut off, removed from the cluster), then from the next, and record
+each message they see once per position.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from ops.drill.history import History, now_ms
 
 TOPIC = "drill"
 QUEUES = 4
+PULL_DEADLINE_S = 1.5
+"""How long a consumer retries one node before it reads from the next."""
 
 
 @dataclass
@@ -151,10 +154,17 @@ class Workload:
 
     async def _consumer(self, queue: int, stop: asyncio.Event) -> None:
         offset = 0
+        urls = self.client.urls
+        node = queue % len(urls)
         while not stop.is_set():
+            path = f"/v1/topics/{TOPIC}/queues/{queue}/messages?offset={offset}&max=500&wait_ms=500"
             try:
-                page = await self.client.pull(TOPIC, queue, offset, 500, wait_ms=500)
+                page = await self.client.request(
+                    "GET", path, url=urls[node], deadline_s=PULL_DEADLINE_S
+                )
             except (ClientError, TimeoutError, ConnectionError, OSError):
+                # Killed, cut off, or no longer a member (410): read from the next node.
+                node = (node + 1) % len(urls)
                 await asyncio.sleep(0.1)
                 continue
             t = now_ms()

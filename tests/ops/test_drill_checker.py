@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ops.drill.checker import check
+from ops.drill.checker import check, recovery_marks
 from ops.drill.history import History, read_history
 
 
@@ -127,3 +127,61 @@ def test_history_file_round_trip_ignores_a_torn_tail(tmp_path: Path) -> None:
     recs = list(read_history(tmp_path / "h.jsonl"))
     assert [r["type"] for r in recs] == ["invoke", "ok"]
     assert check(recs).lost == 1
+
+
+def test_a_fault_with_disruptions_is_measured_from_each_of_them() -> None:
+    h = [
+        {"op": "fault", "type": "start", "fault": "transfer-leader", "t_ms": 10_000},
+        {
+            "op": "fault",
+            "type": "disruption",
+            "fault": "transfer-leader",
+            "step": "transfer",
+            "t_ms": 10_100,
+            "leaderless_ms": 300,
+        },
+        *produce("a", 10_200, kind="plain"),  # ok at 10_205: 0.105 s after the first
+        {
+            "op": "fault",
+            "type": "disruption",
+            "fault": "transfer-leader",
+            "step": "transfer",
+            "t_ms": 11_000,
+            "leaderless_ms": 0,
+        },
+        *produce("b", 11_500, kind="plain"),  # ok at 11_505: 0.505 s after the second
+        {"op": "fault", "type": "start", "fault": "kill-leader", "t_ms": 20_000},
+        *produce("c", 20_700, kind="plain"),
+        consume("a", 10_300, 10_205, 0),
+        consume("b", 11_600, 11_505, 1),
+        consume("c", 20_800, 20_705, 2),
+    ]
+    r = check(h)
+    assert r.safe
+    assert r.produce_rto_s["transfer-leader"] == {
+        "n": 2,
+        "min": 0.105,
+        "median": 0.305,
+        "max": 0.505,
+    }
+    assert r.produce_rto_s["kill-leader"]["n"] == 1  # its start, as before
+    assert r.leaderless_s == {"transfer-leader": {"n": 2, "min": 0.0, "median": 0.15, "max": 0.3}}
+    assert [f["fault"] for f in r.faults] == ["transfer-leader", "kill-leader"]
+    assert set(r.as_dict()["leaderless_s"]) == {"transfer-leader"}
+
+
+def test_recovery_marks_replace_a_faults_start_by_its_disruptions() -> None:
+    starts = [
+        {"fault": "membership", "t_ms": 5},
+        {"fault": "kill-leader", "t_ms": 1},
+    ]
+    steps = [
+        {"fault": "membership", "step": "add", "t_ms": 9},
+        {"fault": "membership", "step": "remove", "t_ms": 6},
+    ]
+    marks = recovery_marks(starts, steps)
+    assert [(m["fault"], m["t_ms"]) for m in marks] == [
+        ("kill-leader", 1),
+        ("membership", 6),
+        ("membership", 9),
+    ]

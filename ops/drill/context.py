@@ -1,0 +1,85 @@
+"""What every fault receives (:class:`FaultContext`), and the cluster waits they share.
+
+Both :mod:`ops.drill.faults` and :mod:`ops.drill.churn` import from here; nothing here imports
+them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from cluster.launcher import LocalCluster
+from ops.drill import netns
+
+DEFAULT_HOLD_S = 3.0
+
+
+@dataclass
+class FaultContext:
+    cluster: LocalCluster
+    rng: random.Random
+    network: netns.Network | None
+    record: Callable[..., None]
+    """``record(type, fault=..., **detail)``: history and event log."""
+    burst: Callable[[int], Coroutine[Any, Any, int]] | None = None
+    """Produce a burst of delayed messages; returns when they fall due (ms)."""
+    hold_s: float = DEFAULT_HOLD_S
+    pauses: int = 0
+    skew_ms: int = 0
+    """Largest clock skew injected so far (the checker allows for it)."""
+    transfers: int = 0
+    """Leadership transfers asked so far (the target alternates: a follower, then none)."""
+    healers: list[Callable[[], None]] = field(default_factory=list)
+
+    async def leader(self) -> int:
+        return await wait_leader(self.cluster, 30)
+
+    def others(self, i: int) -> list[int]:
+        return [j for j in range(self.cluster.n) if j != i]
+
+
+# The cluster's waits block; run them on threads in slices of a second or two. A cancelled
+# drill (Ctrl-C) leaves asyncio.run() only once every thread it started has returned, so a
+# 60 s wait on a thread would hold Ctrl-C for up to 60 s.
+_SLICE_S = 2.0
+
+
+async def wait_leader(cluster: LocalCluster, timeout_s: float) -> int:
+    """:meth:`LocalCluster.wait_leader` (the leader, once every node knows it or the time is
+    up), waiting on threads at most :data:`_SLICE_S` at a time."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no leader within {timeout_s} s")
+        with contextlib.suppress(TimeoutError):
+            leader = await asyncio.to_thread(cluster.wait_leader, min(left, _SLICE_S))
+            break
+    while time.monotonic() < deadline:
+        try:
+            await asyncio.to_thread(
+                cluster.wait_all_know_leader, min(deadline - time.monotonic(), _SLICE_S)
+            )
+            break
+        except TimeoutError:
+            continue
+    return leader
+
+
+async def wait_converged(cluster: LocalCluster, timeout_s: float) -> None:
+    """:meth:`LocalCluster.wait_converged`, on threads at most :data:`_SLICE_S` at a time."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            await asyncio.to_thread(cluster.wait_converged, max(0.1, min(left, _SLICE_S)))
+            return
+        except TimeoutError:
+            if time.monotonic() >= deadline:
+                raise
