@@ -134,10 +134,8 @@ def test_churn_drill_moves_the_leadership_and_a_member_safely(tmp_path: Path) ->
     for r in changes:
         # 404 (remove) and 409 member_exists (add) only after an attempt whose answer was lost.
         assert r["status"] in (200, 201) or (r["retries"] and r["status"] in (404, 409)), r
-    # Today a removed node that keeps running still serves clients, and the drill records
-    # that as a finding. Once the removed-node part of issue 20 is merged (410
-    # removed_from_cluster on client routes), this tightens to: result["findings"] == [].
-    assert all("not 410 removed_from_cluster" in f for f in result["findings"]), detail
+    # A removed node that keeps running answers 410 removed_from_cluster: no finding.
+    assert result["findings"] == [], detail
     assert not leftover_nodes(tmp_path / "run")
 
 
