@@ -28,7 +28,14 @@ if TYPE_CHECKING:
     from ops.logwriter import LogWriter, WriterStats
 
 RETRYABLE = {429, 502, 503, 504}
+
+
 MAX_RETRY_AFTER_S = 5.0
+
+
+def _error_code(body: Any) -> str | None:
+    code = body.get("error") if isinstance(body, dict) else None
+    return code if isinstance(code, str) else None
 
 
 def _retry_after_s(value: str | None) -> float:
@@ -140,7 +147,10 @@ class Client:
                         # The node we took for the leader cannot serve writes now (lost its
                         # quorum, or is on the minority side of a partition): ask the others.
                         self._leader = None
-                    if r.status not in RETRYABLE:
+                    removed = r.status == 410 and _error_code(body) == "removed_from_cluster"
+                    if removed and self._leader == base:
+                        self._leader = None  # a node removed from the cluster: ask another
+                    if r.status not in RETRYABLE and not removed:
                         raise ClientError(r.status, body)
                     last_error = ClientError(r.status, body)
                     retry_after_s = _retry_after_s(r.headers.get("Retry-After"))

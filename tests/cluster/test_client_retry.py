@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from cluster.client import MAX_RETRY_AFTER_S, Client, _retry_after_s
+from cluster.client import MAX_RETRY_AFTER_S, Client, ClientError, _retry_after_s
 
 MakeServer = Callable[..., Awaitable[Any]]
 
@@ -47,3 +47,46 @@ async def test_a_produce_retried_after_429_and_an_unknown_outcome_keeps_its_key(
     assert result["results"][0]["offset"] == 0
     assert len(keys) == 3 and keys[0] and len(set(keys)) == 1
     assert seen_at[1] - seen_at[0] >= 0.1  # waited about Retry-After (0.5-1 x 0.2 s)
+
+
+async def test_a_node_removed_from_the_cluster_sends_the_client_to_another(
+    aiohttp_server: MakeServer,
+) -> None:
+    hits: list[str] = []
+
+    def node(name: str, status: int, body: dict[str, Any]) -> web.Application:
+        async def produce(request: web.Request) -> web.Response:
+            hits.append(name)
+            return web.json_response(body, status=status)
+
+        app = web.Application()
+        app.router.add_post("/v1/topics/{topic}/messages", produce)
+        return app
+
+    gone = await aiohttp_server(
+        node("gone", 410, {"error": "removed_from_cluster", "message": "m", "field": None})
+    )
+    live = await aiohttp_server(
+        node("live", 200, {"results": [{"msg_id": "00", "queue": 0, "offset": 0}]})
+    )
+    urls = [str(gone.make_url("")), str(live.make_url(""))]
+    async with Client(urls, deadline_s=10) as client:
+        result = await client.produce("t", [{"body": "x"}])
+    assert result["results"][0]["offset"] == 0
+    assert hits == ["gone", "live"]
+
+
+async def test_another_410_is_final(aiohttp_server: MakeServer) -> None:
+    async def produce(request: web.Request) -> web.Response:
+        return web.json_response({"error": "gone", "message": "m", "field": None}, status=410)
+
+    app = web.Application()
+    app.router.add_post("/v1/topics/{topic}/messages", produce)
+    server = await aiohttp_server(app)
+    async with Client([str(server.make_url(""))], deadline_s=10) as client:
+        try:
+            await client.produce("t", [{"body": "x"}])
+        except ClientError as exc:
+            assert exc.status == 410
+        else:
+            raise AssertionError("a 410 other than removed_from_cluster was retried")
