@@ -265,7 +265,9 @@ class Leadership:
         to_start: list[Work] = []
         with self._lock:
             token = self._active
-            if token is not None and token.term != self._desired:
+            # An ended token of the desired term (the lease lapsed and the same term was
+            # confirmed again) is replaced as well: a stopped piece never resumes its token.
+            if token is not None and (token.term != self._desired or not token.is_current()):
                 if token.is_current():
                     token.end()
                     self._stop_asked_ms = self._now_ms()
