@@ -34,10 +34,26 @@ more than the level's delay plus :data:`SKEW_ALLOWANCE_MS` ahead (a stamp no pro
 treated as due now rather than holding its level for ever. While any message waits for a resend, nothing new is added: everything behind it would
 only fail its condition.
 
-**Leadership.** Loops start when :class:`raftlog.node.RaftLog` confirms leadership (a barrier
-committed in the current term, so every earlier command, and every offset, is applied here)
-and are cancelled when it reports the leadership lost (term change, or no commit within the
-leader lease). A stale leader's commands cannot commit, and if one did, its condition would fail.
+**Leadership.** The service is one piece of leader-only work owned by
+:class:`raftlog.leadership.Leadership`, which :class:`raftlog.node.RaftLog` feeds with confirmed
+terms (a barrier committed in the term, so every earlier command, and every offset, is applied
+here). For each term the owner hands the service a :class:`~raftlog.leadership.TermToken`; the
+service starts one loop per level for it, and the next term's loops start only after every
+loop of the last one has returned. A loop checks its token after every await (a commit, a
+sleep) and before every proposal: once the term is over it leaves, whatever the await
+answered, instead of retrying. Loss of leadership also cancels the loops to cut their waits
+short, but cancellation is not what stops them: ``asyncio.wait_for`` in Python 3.11 swallows a
+cancel that arrives as the awaited commit completes (the committer fails every pending command
+at the same instant), which used to leave a loop running without an owner and racing the next
+term's loop on the same offset. Commits and sleeps are therefore awaited under
+``asyncio.timeout``. Mode switches and pauses happen inside each level's loop and never start
+another. The owner counts the running loops (``loops`` in ``GET /v1/admin/schedule``). A stale
+leader's commands cannot commit, and if one did, its condition would fail.
+
+**A blocked level** (async mode, a message that failed ``max_resend_num_to_blocked`` times) is
+logged once at ERROR with its queue offset, failures and last error, and once more when it is
+no longer blocked; ``GET /v1/admin/schedule`` shows it as ``blocked`` / ``blocked_by``. A sync
+delivery that fails is logged once per queue offset, not once per retry.
 
 **Cluster-wide controls** are replicated kv entries too, so a new leader keeps them: the
 delivery mode (``sched/mode``, defaulting to the config key) and a pause switch

@@ -22,11 +22,23 @@ this module decides *when* to propose what, on the leader only:
   timer message id (:mod:`timer.message`).
 * **Cancel** and **switches**: one command each, answered from the apply outcome.
 
-Leadership comes from :meth:`raftlog.node.RaftLog.add_leader_listener`: a barrier committed in
-the current term, so every earlier timer command is applied here and the committed cursor is
-current. A follower keeps its wheel current by applying the same commands, so taking over is
+**Leadership.** The driver is one piece of leader-only work (``timer``) owned by
+:class:`raftlog.leadership.Leadership`, which the log feeds with confirmed terms (a barrier
+committed in the term, so every earlier timer command is applied here and the committed cursor
+is current). The owner hands the driver a :class:`~raftlog.leadership.TermToken` for a term; the
+driver thread takes it up at its next step and does leader work only while that token is
+current: every proposal checks it. When the term ends the driver, at its next step (the owner
+wakes it), drops its in-flight commands and cursors, counts its loop stopped and tells the
+owner, and only then may the next term's work start, which plans again from the committed
+cursor. A follower keeps its wheel current by applying the same commands, so taking over is
 planning from the committed cursor at once; :attr:`TimerService.takeover` says how long the
 first command took.
+
+Pop revive, once it exists, plugs in the same way: a second piece registered with the same
+owner (``leadership.register(Piece("pop-revive", start, wake))``), driven from the timer's
+apply of revive timers, proposing only while its token is current and calling
+``token.exited`` when its loop returns. Nothing in the replicated command says which term
+proposed it: the token only decides whether to propose.
 
 Observer: ``on_delivered(items, delivered_ms)`` is called **on the node that leads when the
 delivery is applied**, from the driver thread, shortly after the apply (never on the Raft
