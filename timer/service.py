@@ -556,7 +556,9 @@ class TimerService:
 
     async def _command(self, payload: dict[str, Any]) -> TimerOutcome:
         fut = self.raftlog.propose_extension(NAME, payload)
-        result = await asyncio.wait_for(asyncio.wrap_future(fut), self.commit_timeout_s + 1)
+        # asyncio.timeout, not wait_for: a cancel arriving as the commit completes is kept.
+        async with asyncio.timeout(self.commit_timeout_s + 1):
+            result = await asyncio.shield(asyncio.wrap_future(fut))
         out = result.ext
         if not isinstance(out, TimerOutcome):
             raise TimerStateError(f"timer command answered {out!r}")
