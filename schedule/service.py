@@ -72,7 +72,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from raftlog import record
-from raftlog.errors import RaftLogError, StoreCorruption
+from raftlog.errors import ConditionFailed, RaftLogError, StoreCorruption
 from raftlog.leadership import Leadership, Piece, TermToken
 from raftlog.node import NewMessage, RaftLog
 from raftlog.store import OK, BatchOutcome
@@ -630,8 +630,19 @@ class ScheduleService:
             except (RaftLogError, TimeoutError) as exc:
                 if not self._live(token):
                     raise _TermOver from None  # the term ended under the command: leave
+                if isinstance(exc, ConditionFailed) and self.offset(st.level) > entry.queue_offset:
+                    # An earlier send of this entry went through (a retry after a timeout, or
+                    # a command forwarded to the next leader as this one stepped down): it is
+                    # delivered, once. Go on from the offset.
+                    log.debug("schedule level %d: %s; already delivered", st.level, exc)
+                    return 0.0
+                # A commit that fails as the leadership moves fails before the loss reaches
+                # the owner: wait the back-off, and leave without a word if the term ended.
+                await self._sleep(st, self.settings.pending.resend_backoff_step_ms / 1000)
+                if not self._live(token):
+                    raise _TermOver from None
                 self._sync_failed(st, entry, str(exc) or type(exc).__name__)
-                return self.settings.pending.resend_backoff_step_ms / 1000
+                return 0.0
             if outcome.status == OK and not outcome.duplicate:
                 self._report(st, [delivery], store_ms)
             if st.sync_failing is not None and outcome.status == OK:
@@ -860,6 +871,9 @@ class ScheduleService:
         now = self.raftlog.clock.now_ms()
         try:
             outcome = fut.result()
+        except ConditionFailed as exc:  # how the committer reports a failed ``expect``
+            self._refused(st, pq, batch, now, str(exc))
+            return
         except Exception as exc:
             self._failed(st, pq, batch.deliveries, now, str(exc) or type(exc).__name__)
             return
@@ -869,17 +883,23 @@ class ScheduleService:
             if not outcome.duplicate:
                 self._report(st, batch.deliveries, batch.store_ms)
             return
-        # The offset was not where this range started. Entries it has passed were delivered
-        # by an earlier send of theirs; the others wait for what is ahead of them.
+        self._refused(st, pq, batch, now, outcome.detail)
+
+    def _refused(
+        self, st: _LevelState, pq: PendingQueue, batch: _Batch, now: int, reason: str
+    ) -> None:
+        """The offset was not where the batch's range started. Entries it has passed were
+        delivered by an earlier send of theirs (a resend after a timeout, or a command that
+        reached the next leader as this one stepped down): they count as delivered, so a level
+        never blocks on an entry that went through. The others wait for what is ahead."""
         offset = self.offset(st.level)
-        reason = outcome.detail
         for d in batch.deliveries:
             if offset > d.entry.queue_offset:
                 pq.on_success(d.entry.queue_offset)
             else:
                 st.failures_total += 1
+                st.last_error = reason
                 pq.on_failure(d.entry.queue_offset, d.attempt, now, reason or "refused")
-        st.last_error = reason
 
     def _failed(
         self,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raftlog import record
-from raftlog.errors import CommitOutcomeUnknown, NotLeader
+from raftlog.errors import CommitOutcomeUnknown, ConditionFailed, NotLeader
 from raftlog.node import NewMessage
 from raftlog.store import CONDITION_FAILED, OK, BatchOutcome
 from schedule.levels import SCHEDULE_TOPIC, DelayLevelTable
@@ -184,6 +184,9 @@ class FakeRaftLog:
     pending: list[Proposal] = field(default_factory=list)
     unknown: list[Proposal] = field(default_factory=list)
     """Proposals failed with an unknown outcome at a loss: the next leader may commit them."""
+    forwarded: list[Proposal] = field(default_factory=list)
+    """Proposals that reached the next leader as this node stepped down (pysyncobj forwards a
+    command a former leader still sends): committed during the next term, among its own."""
     listeners: list[Callable[[bool, int], None]] = field(default_factory=list)
     check_proposal: Callable[[], str | None] = lambda: None
     """Called at every proposal; a non-None answer is recorded as a violation."""
@@ -238,10 +241,22 @@ class FakeRaftLog:
 
     # ------------------------------------------------------------------ the test's levers
 
-    def commit(self, count: int) -> None:
+    def _resolve(self, p: Proposal) -> None:
+        """Apply ``p`` and complete its future as the group committer does: a failed
+        ``expect`` is a :class:`ConditionFailed`."""
+        outcome = self.store.apply(p, self.clock.now_ms())
+        if p.future.done():
+            return
+        if outcome.status == CONDITION_FAILED:
+            p.future.set_exception(ConditionFailed(outcome.detail))
+        else:
+            p.future.set_result(outcome)
+
+    def commit(self, count: int, rng: random.Random | None = None) -> None:
         for _ in range(min(count, len(self.pending))):
-            p = self.pending.pop(0)
-            p.future.set_result(self.store.apply(p, self.clock.now_ms()))
+            if self.forwarded and rng is not None and rng.random() < 0.3:
+                self.store.apply(self.forwarded.pop(0), self.clock.now_ms())
+            self._resolve(self.pending.pop(0))
 
     def _fire(self, leader: bool, term: int) -> None:
         for fn in list(self.listeners):
@@ -257,12 +272,12 @@ class FakeRaftLog:
         def settle() -> None:
             for p in pending:
                 roll = rng.random()
-                if roll < 0.4:
-                    p.future.set_result(self.store.apply(p, self.clock.now_ms()))
-                elif roll < 0.7:
+                if roll < 0.35:
+                    self._resolve(p)
+                elif roll < 0.6:
                     p.future.set_exception(NotLeader("leadership lost; the write was not proposed"))
                 else:
-                    self.unknown.append(p)
+                    (self.unknown if roll < 0.85 else self.forwarded).append(p)
                     p.future.set_exception(
                         CommitOutcomeUnknown("leadership lost after the write was proposed")
                     )

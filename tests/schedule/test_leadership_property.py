@@ -110,7 +110,7 @@ async def _run(seed: int) -> None:
         while True:
             await asyncio.sleep(rng.choice([0.001, 0.004, 0.01, 0.03]))
             if raft.leading and raft.pending:
-                raft.commit(rng.randint(1, 4))
+                raft.commit(rng.randint(1, 4), rng)
 
     ticking = loop.create_task(raft_ticks())
     last_term = raft.term
@@ -146,11 +146,14 @@ async def _run(seed: int) -> None:
         await asyncio.sleep(rng.choice([0.0, 0.002, 0.02, 0.1, 0.4]))
         check_loops()
 
-    # Lead for good, unpaused, until everything is due and delivered.
-    if not raft.leading:
-        raft.gain(rng)
-        terms_led.add(raft.term)
-        following_since = None
+    # Lead for good, unpaused, until everything is due and delivered. The last hand-over
+    # leaves commands behind that commit during the final term, among its own.
+    if raft.leading:
+        raft.lose(rng)
+        await asyncio.sleep(rng.choice([0.0, 0.05]))
+    raft.gain(rng)
+    terms_led.add(raft.term)
+    following_since = None
     store.kv[PAUSED_KEY] = 0
     deadline = loop.time() + 60
     while loop.time() < deadline:
