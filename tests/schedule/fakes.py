@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import selectors
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +58,24 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
     def advance_s(self, seconds: float) -> None:
         self._now_s += max(0.0, seconds)
+
+
+def run_virtual(main: Coroutine[Any, Any, None], timeout_s: float = 3600) -> None:
+    """Run ``main`` on a fresh :class:`VirtualLoop` (``timeout_s`` of virtual time); whatever
+    still runs after it (a failed run) is cancelled so the loop closes quietly."""
+
+    async def cancel_the_rest() -> None:
+        left = asyncio.all_tasks() - {asyncio.current_task()}
+        for task in left:
+            task.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
+
+    loop = VirtualLoop()
+    try:
+        loop.run_until_complete(asyncio.wait_for(main, timeout=timeout_s))
+    finally:
+        loop.run_until_complete(cancel_the_rest())
+        loop.close()
 
 
 class VirtualClock:

@@ -28,7 +28,14 @@ from raftlog.leadership import Leadership
 from schedule.levels import DelayLevelTable
 from schedule.pending import PendingConfig
 from schedule.service import ASYNC, MODE_KEY, PAUSED_KEY, SYNC, ScheduleService, ScheduleSettings
-from tests.schedule.fakes import REAL_QUEUES, FakeRaftLog, FakeStore, VirtualClock, VirtualLoop
+from tests.schedule.fakes import (
+    REAL_QUEUES,
+    FakeRaftLog,
+    FakeStore,
+    VirtualClock,
+    VirtualLoop,
+    run_virtual,
+)
 
 FIXED_SEEDS = [1, 2, 3, 4, 5, 6, 7, 8]
 SEEDS = [*FIXED_SEEDS, random.randrange(2**32)]
@@ -186,20 +193,6 @@ async def _run(seed: int) -> None:
     assert view.started_total <= levels.max_level * view.terms_started_total
 
 
-async def _cancel_the_rest() -> None:
-    """After a failed run: stop what still runs so the loop closes quietly."""
-    left = asyncio.all_tasks() - {asyncio.current_task()}
-    for task in left:
-        task.cancel()
-    await asyncio.gather(*left, return_exceptions=True)
-
-
 @pytest.mark.parametrize("seed", SEEDS)
 def test_leadership_churn_keeps_one_set_of_loops_and_delivers_once(seed: int) -> None:
-    loop = VirtualLoop()
-    try:
-        # 3600 s of virtual time; a run takes about 50.
-        loop.run_until_complete(asyncio.wait_for(_run(seed), timeout=3600))
-    finally:
-        loop.run_until_complete(_cancel_the_rest())
-        loop.close()
+    run_virtual(_run(seed))  # about 50 s of virtual time
