@@ -1,8 +1,10 @@
 """HTTP routes of the schedule service (delay levels) and consumer retry.
 
 - ``GET /v1/admin/schedule``: per level delay, offset, max offset, backlog, oldest-due lag,
-  pending, blocked; the mode and whether delivery is paused. Any node answers from its
-  replicated state; pending counts are the leader's.
+  pending, blocked; the mode and whether delivery is paused; ``loops``, the leader-only loops
+  this node runs (schedule levels, timer driver: 0 on a follower), their term and how many
+  were started and stopped. Any node answers from its replicated state; pending counts are
+  the leader's.
 - ``PATCH /v1/admin/schedule`` ``{"mode": "sync"|"async", "paused": bool}``: cluster-wide, through
   Raft, so a new leader keeps the setting.
 - ``POST /v1/groups/{group}/retry`` ``{"topic", "queue", "offset", "delay_level"?}``: send a
@@ -20,12 +22,37 @@ from prometheus_client import Gauge
 from cluster.errors import ApiError, bad_request
 
 _LEVELS = {"type": "array", "items": {"type": "object"}}
+_LOOPS = {
+    "type": "object",
+    "description": "Leader-only loops running on this node (0 on a follower): they run for one "
+    "confirmed term and all stop before the next term's start.",
+    "properties": {
+        "running": {"type": "integer", "description": "Loops running now"},
+        "schedule_levels": {"type": "integer", "description": "Schedule level loops running"},
+        "timer_driver": {"type": "integer", "description": "1 while the timer driver runs"},
+        "term": {
+            "type": ["integer", "null"],
+            "description": "The term the loops run for (null when none runs)",
+        },
+        "started": {"type": "integer", "description": "Loops started since the node started"},
+        "stopped": {"type": "integer", "description": "Loops stopped since the node started"},
+        "terms_started": {"type": "integer", "description": "Terms whose work was started"},
+        "stopping": {"type": "boolean", "description": "A term's work is being stopped"},
+        "stuck": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "Work that did not stop within the bound (the next term waits)",
+        },
+        "by_work": {"type": "object", "additionalProperties": {"type": "integer"}},
+    },
+}
 
 # (method, path): (summary, request schema or None, 200 response schema, query parameters)
 ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
     ("GET", "/v1/admin/schedule"): (
         "Delay levels: per level delay, offset, max offset, backlog, oldest-due lag ms, "
-        "pending, blocked; the delivery mode and pause switch.",
+        "pending, blocked; the delivery mode and pause switch; the leader-only loops running "
+        "on this node.",
         None,
         {
             "type": "object",
@@ -33,7 +60,9 @@ ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
                 "running": {"type": "boolean"},
                 "mode": {"type": "string", "enum": ["sync", "async"]},
                 "paused": {"type": "boolean"},
+                "term": {"type": ["integer", "null"]},
                 "levels": _LEVELS,
+                "loops": _LOOPS,
             },
         },
         [],
@@ -190,12 +219,41 @@ def install_metrics(app: web.Application) -> None:
     }
     running = Gauge("chronomq_schedule_running", "1 while this node delivers", registry=reg)
     async_mode = Gauge("chronomq_schedule_async", "1 in async mode, 0 in sync", registry=reg)
+    loops = Gauge(
+        "chronomq_leader_loops",
+        "Leader-only loops running on this node (schedule levels, timer driver)",
+        ["work"],
+        registry=reg,
+    )
+    loops_term = Gauge(
+        "chronomq_leader_loops_term",
+        "The term the leader-only loops run for (0: none)",
+        registry=reg,
+    )
+    loops_started = Gauge(
+        "chronomq_leader_loops_started", "Leader-only loops started since start", registry=reg
+    )
+    loops_stopped = Gauge(
+        "chronomq_leader_loops_stopped", "Leader-only loops stopped since start", registry=reg
+    )
+    loops_stuck = Gauge(
+        "chronomq_leader_loops_stuck",
+        "Leader-only work that did not stop within its bound",
+        registry=reg,
+    )
 
     def collect() -> None:
         service = app[BROKER].schedule
         if service is None:
             return
         stats = service.stats()
+        view = stats["loops"]
+        loops.labels(work="schedule").set(view["schedule_levels"])
+        loops.labels(work="timer").set(view["timer_driver"])
+        loops_term.set(view["term"] or 0)
+        loops_started.set(view["started"])
+        loops_stopped.set(view["stopped"])
+        loops_stuck.set(len(view["stuck"]))
         running.set(1 if stats["running"] else 0)
         async_mode.set(1 if stats["mode"] == "async" else 0)
         for row in stats["levels"]:

@@ -99,6 +99,8 @@ class Broker:
         # Leader-only services, set by cluster.services when they run on this node.
         self.schedule: Any = None
         self.timer: Any = None
+        # The owner of their leader-only work (raftlog.leadership), set by cluster.services.
+        self.leadership: Any = None
         # CommitLog retention and the produce guard (cluster.disk), set by cluster.services.
         self.disk: Any = None
         # Structured ops logs (replication, latency, events), set by the server when enabled.

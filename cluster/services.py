@@ -1,8 +1,9 @@
 """The leader-only services a node runs next to its replicated log.
 
 Each service follows the same life: built from the node's config, started after the Raft
-machine (it listens for confirmed leadership itself and runs only while this node leads),
-closed before the Raft machine. Their HTTP routes live in ``cluster/api_<service>.py``.
+machine, closed before the Raft machine. Their leader-only work (the schedule level loops, the
+timer driver) registers with one :class:`raftlog.leadership.Leadership` per node, fed by the
+log's confirmed leadership: it runs each term's work only once the last term's has exited. Their HTTP routes live in ``cluster/api_<service>.py``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any, Protocol
 
 from cluster.broker import Broker
 from cluster.config import NodeConfig
+from raftlog.leadership import Leadership
 from raftlog.node import RaftLog
 
 
@@ -24,12 +26,18 @@ class Service(Protocol):
 
 def start_services(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> list[Service]:
     """Build and start every service; the caller closes them in reverse order."""
+    leadership = Leadership(now_ms=raftlog.clock.monotonic_ms)
+    broker.leadership = leadership
     services: list[Service] = []
     for build in (_schedule, _timer, _disk):
         service = build(config, raftlog, broker)
         if service is not None:
             service.start()
             services.append(service)
+    raftlog.add_leader_listener(leadership.on_leader)
+    term = raftlog.leader_term
+    if term is not None:  # confirmed before we listened
+        leadership.on_leader(True, term)
     return services
 
 
@@ -56,6 +64,7 @@ def _schedule(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service |
         settings,
         on_delivered=getattr(logs, "delivered_level", None),
         on_event=getattr(logs, "event", None),
+        leadership=broker.leadership,
     )
     broker.schedule = service
     return service
@@ -96,6 +105,7 @@ def _timer(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | No
         open_url=broker.peer_client.urlopen,
         on_delivered=observer,
         commit_timeout_ms=config.commit_timeout_ms,
+        leadership=broker.leadership,
     )
     broker.timer = service
     broker.timer_hook = service.produce_hook

@@ -34,10 +34,26 @@ more than the level's delay plus :data:`SKEW_ALLOWANCE_MS` ahead (a stamp no pro
 treated as due now rather than holding its level for ever. While any message waits for a resend, nothing new is added: everything behind it would
 only fail its condition.
 
-**Leadership.** Loops start when :class:`raftlog.node.RaftLog` confirms leadership (a barrier
-committed in the current term, so every earlier command, and every offset, is applied here)
-and are cancelled when it reports the leadership lost (term change, or no commit within the
-leader lease). A stale leader's commands cannot commit, and if one did, its condition would fail.
+**Leadership.** The service is one piece of leader-only work owned by
+:class:`raftlog.leadership.Leadership`, which :class:`raftlog.node.RaftLog` feeds with confirmed
+terms (a barrier committed in the term, so every earlier command, and every offset, is applied
+here). For each term the owner hands the service a :class:`~raftlog.leadership.TermToken`; the
+service starts one loop per level for it, and the next term's loops start only after every
+loop of the last one has returned. A loop checks its token after every await (a commit, a
+sleep) and before every proposal: once the term is over it leaves, whatever the await
+answered, instead of retrying. Loss of leadership also cancels the loops to cut their waits
+short, but cancellation is not what stops them: ``asyncio.wait_for`` in Python 3.11 swallows a
+cancel that arrives as the awaited commit completes (the committer fails every pending command
+at the same instant), which used to leave a loop running without an owner and racing the next
+term's loop on the same offset. Commits and sleeps are therefore awaited under
+``asyncio.timeout``. Mode switches and pauses happen inside each level's loop and never start
+another. The owner counts the running loops (``loops`` in ``GET /v1/admin/schedule``). A stale
+leader's commands cannot commit, and if one did, its condition would fail.
+
+**A blocked level** (async mode, a message that failed ``max_resend_num_to_blocked`` times) is
+logged once at ERROR with its queue offset, failures and last error, and once more when it is
+no longer blocked; ``GET /v1/admin/schedule`` shows it as ``blocked`` / ``blocked_by``. A sync
+delivery that fails is logged once per queue offset, not once per retry.
 
 **Cluster-wide controls** are replicated kv entries too, so a new leader keeps them: the
 delivery mode (``sched/mode``, defaulting to the config key) and a pause switch
@@ -56,7 +72,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from raftlog import record
-from raftlog.errors import RaftLogError, StoreCorruption
+from raftlog.errors import ConditionFailed, RaftLogError, StoreCorruption
+from raftlog.leadership import Leadership, Piece, TermToken
 from raftlog.node import NewMessage, RaftLog
 from raftlog.store import OK, BatchOutcome
 from schedule import rewrite
@@ -115,6 +132,10 @@ class _Missing(Exception):
     offset: retention deleted its segment). Skipped after ``max_missing_tries``."""
 
 
+class _TermOver(Exception):
+    """The level's term ended: nothing more is proposed; the loop leaves."""
+
+
 class _Unreadable(Exception):
     """The message of a ConsumeQueue unit is in the CommitLog but neither this node nor a peer
     could read it (EIO, CRC mismatch). Never skipped: the level waits, the error shown."""
@@ -160,10 +181,23 @@ class _LevelState:
     missing_sync: dict[int, int] = field(default_factory=dict)
     read_error: tuple[int, str] | None = None
     """(queue offset, error) of an entry no node could read: the level waits on it."""
+    token: TermToken | None = None
+    """The term the level's loop runs for (None while it does not run)."""
+    blocked_at: int | None = None
+    """Queue offset of the entry the level was last logged as blocked on."""
+    sync_failing: int | None = None
+    """Queue offset whose sync delivery has failed since it was last logged."""
 
 
 class ScheduleService:
-    """Per-level delivery loops; runs them only while this node is the confirmed leader."""
+    """Per-level delivery loops; runs them only for the term the leadership owner hands it.
+
+    It is one piece of :class:`raftlog.leadership.Work` (named ``schedule``): ``start(token)``
+    starts one loop per level for ``token.term`` on the service's own asyncio loop; the loops
+    leave as soon as the token is stale, and ``token.exited`` follows once all have returned.
+    """
+
+    name: Final = "schedule"
 
     def __init__(
         self,
@@ -172,18 +206,22 @@ class ScheduleService:
         *,
         on_delivered: OnDelivered | None = None,
         on_event: OnEvent | None = None,
+        leadership: Leadership | None = None,
     ) -> None:
         self.raftlog = raftlog
         self.settings = settings
         self.levels = settings.levels
         self.on_delivered = on_delivered
         self.on_event = on_event
+        self._own_leadership = leadership is None
+        self.leadership = leadership or Leadership(now_ms=raftlog.clock.monotonic_ms)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
+        self._closing = False
         self._runner: asyncio.Task[None] | None = None
-        self._term: int | None = None
+        self._token: TermToken | None = None
         self._states = {
             lv: _LevelState(lv, self.levels.delay_ms(lv)) for lv in self.levels.levels()
         }
@@ -193,15 +231,24 @@ class ScheduleService:
     # ------------------------------------------------------------------ life cycle
 
     def start(self) -> None:
+        """Start the service's thread and loop, and register with the leadership owner."""
         self._thread = threading.Thread(target=self._main, name="schedule", daemon=True)
         self._thread.start()
         self._ready.wait(5)
-        self.raftlog.add_leader_listener(self._leader_changed)
-        term = self.raftlog.leader_term
-        if term is not None:  # confirmed before we listened
-            self._leader_changed(True, term)
+        self.attach()
+
+    def attach(self) -> None:
+        """Register with the leadership owner (and, if the owner is this service's own, feed it
+        from the log's leadership)."""
+        self.leadership.register(Piece(self.name, self._begin_term, self._wake_term))
+        if self._own_leadership:
+            self.raftlog.add_leader_listener(self.leadership.on_leader)
+            term = self.raftlog.leader_term
+            if term is not None:  # confirmed before we listened
+                self.leadership.on_leader(True, term)
 
     def close(self) -> None:
+        self._closing = True
         loop, stop = self._loop, self._stop
         if loop is not None and stop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):
@@ -210,43 +257,84 @@ class ScheduleService:
             self._thread.join(timeout=10)
 
     def _main(self) -> None:
-        asyncio.run(self._serve())
+        asyncio.run(self.serve())
 
-    async def _serve(self) -> None:
+    async def serve(self) -> None:
+        """The service's loop: runs until :meth:`close` (the thread of :meth:`start` runs it;
+        tests run it on their own loop and call :meth:`attach`)."""
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         for st in self._states.values():
             st.wake = asyncio.Event()
         self._ready.set()
-        await self._stop.wait()
-        await self._stop_running("service closed")
+        try:
+            await self._stop.wait()
+        finally:
+            self._closing = True
+            self._wake_all()
+            runner = self._runner
+            if runner is not None:
+                runner.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await runner
 
-    def _leader_changed(self, is_leader: bool, term: int) -> None:
-        # Leadership thread: hand over to the service loop.
+    def _wake_term(self) -> None:
+        """The term ended (leadership thread): every loop looks at its token now."""
         loop = self._loop
         if loop is None or loop.is_closed():
             return
         with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(self._on_leader, is_leader, term)
+            loop.call_soon_threadsafe(self._end_term)
 
-    def _on_leader(self, is_leader: bool, term: int) -> None:
-        if is_leader and self._runner is not None and self._term == term:
+    def _begin_term(self, token: TermToken) -> None:
+        """Run the level loops for ``token.term`` (leadership thread; returns at once)."""
+        loop = self._loop
+        if loop is None or loop.is_closed() or self._closing:
+            token.exited(self.name)
             return
-        if self._runner is not None:
-            self._runner.cancel()
-            self._runner = None
-            self._stopped(f"leadership lost in term {self._term}")
-        if is_leader:
-            self._term = term
-            self._runner = asyncio.get_running_loop().create_task(self._lead(term))
+        try:
+            loop.call_soon_threadsafe(self._spawn, token)
+        except RuntimeError:  # closed meanwhile
+            token.exited(self.name)
 
-    async def _stop_running(self, why: str) -> None:
-        runner, self._runner = self._runner, None
-        if runner is not None:
+    def _spawn(self, token: TermToken) -> None:
+        if self._closing or not token.is_current() or self._runner is not None:
+            # The owner starts a term only once the last one exited, so a runner still here is
+            # a bug: refuse rather than run two sets of loops.
+            if self._runner is not None:
+                log.error(
+                    "schedule term %d not started: term %s still runs",
+                    token.term,
+                    None if self._token is None else self._token.term,
+                )
+            token.exited(self.name)
+            return
+        self._token = token
+        runner = asyncio.get_running_loop().create_task(self._lead(token))
+        self._runner = runner
+        # A done callback, not a ``finally``: a task cancelled before its first step never
+        # enters its body, and the owner must still hear that the term's work exited.
+        runner.add_done_callback(lambda _t: self._lead_done(token))
+
+    def _lead_done(self, token: TermToken) -> None:
+        was_running = self.running
+        self._runner = None
+        self._token = None
+        if was_running:
+            self._stopped(
+                "service closed" if self._closing else f"leadership lost in term {token.term}"
+            )
+        token.exited(self.name)
+
+    def _end_term(self) -> None:
+        self._wake_all()
+        runner, token = self._runner, self._token
+        if runner is not None and token is not None and not token.is_current():
+            # Only cuts waits short: every loop also checks its token after each await.
             runner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await runner
-            self._stopped(why)
+
+    def _live(self, token: TermToken) -> bool:
+        return token.is_current() and not self._closing
 
     def _stopped(self, why: str) -> None:
         self.running = False
@@ -254,6 +342,7 @@ class ScheduleService:
             st.pending = None
             st.inflight_batches = 0
             st.advance_inflight = False
+            st.blocked_at = None
         log.info("schedule service stopped: %s", why)
         if self.on_event is not None:
             self.on_event("service_stop", service="schedule", reason=why)
@@ -298,13 +387,24 @@ class ScheduleService:
 
     # ------------------------------------------------------------------ leading
 
-    async def _lead(self, term: int) -> None:
-        try:
-            await self._prepare_offsets()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.warning("schedule service could not check its offsets in term %d: %s", term, exc)
+    async def _lead(self, token: TermToken) -> None:
+        term = token.term
+        while self._live(token):
+            try:
+                await self._prepare_offsets(token)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not self._live(token):
+                    return
+                log.warning(
+                    "schedule service could not check its offsets in term %d: %s; retrying in 1 s",
+                    term,
+                    exc,
+                )
+                await asyncio.sleep(1.0)
+        if not self._live(token):
             return
         self.running = True
         log.info(
@@ -315,9 +415,15 @@ class ScheduleService:
         )
         if self.on_event is not None:
             self.on_event("service_start", service="schedule", term=term, mode=self.mode)
-        await asyncio.gather(*(self._run_level(st) for st in self._states.values()))
+        # return_exceptions: the term's work has exited only once every level loop has.
+        results = await asyncio.gather(
+            *(self._run_level(st, token) for st in self._states.values()), return_exceptions=True
+        )
+        for st, result in zip(self._states.values(), results, strict=True):
+            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+                log.error("schedule level %d loop ended in term %d: %r", st.level, term, result)
 
-    async def _prepare_offsets(self) -> None:
+    async def _prepare_offsets(self, token: TermToken) -> None:
         """Create missing level offsets; move any outside its queue's range back inside it.
 
         There is no retention yet, so a queue's minimum is 0; the maximum is the queue's length.
@@ -336,33 +442,48 @@ class ScheduleService:
             if fix.corrected:
                 log.warning("%s", fix.describe())
                 expect[key], updates[key] = have, fix.offset
-        if updates:
+        if updates and self._live(token):
             outcome = await self._commit(self.raftlog.update(updates, expect=expect))
             if outcome.status != OK:
                 raise RuntimeError(f"offset update refused: {outcome.detail}")
 
-    async def _run_level(self, st: _LevelState) -> None:
-        while True:
+    async def _run_level(self, st: _LevelState, token: TermToken) -> None:
+        with token.loop(self.name, f"schedule level {st.level}"):
+            st.token = token
+            try:
+                await self._level_loop(st, token)
+            finally:
+                st.token = None
+
+    async def _level_loop(self, st: _LevelState, token: TermToken) -> None:
+        while self._live(token):
             if self.paused:
                 await self._sleep(st, self.settings.poll_ms / 1000)
                 continue
             try:
                 if self.mode == ASYNC:
-                    await self._async_session(st)
+                    await self._async_session(st, token)
                 else:
-                    wait_s = await self._sync_pass(st)
+                    wait_s = await self._sync_pass(st, token)
                     await self._sleep(st, wait_s)
             except asyncio.CancelledError:
                 raise
+            except _TermOver:
+                return
             except Exception as exc:  # never let one level's bug stop the others
+                if not self._live(token):
+                    return
                 st.last_error = str(exc)
                 log.exception("schedule level %d failed; retrying in 1 s", st.level)
                 await self._sleep(st, 1.0)
 
     async def _sleep(self, st: _LevelState, seconds: float) -> None:
-        if seconds > 0:
+        """Wait ``seconds`` or until the level is woken. ``asyncio.timeout`` (not
+        ``wait_for``): a cancel arriving with the timeout is never swallowed."""
+        if seconds > 0 and not st.wake.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(st.wake.wait(), seconds)
+                async with asyncio.timeout(seconds):
+                    await st.wake.wait()
         st.wake.clear()
 
     def _wait_s(self, next_due_ms: int | None, stop: StopReason) -> float:
@@ -452,12 +573,21 @@ class ScheduleService:
     # ------------------------------------------------------------------ committing
 
     async def _commit(self, fut: Future[BatchOutcome]) -> BatchOutcome:
-        return await asyncio.wait_for(asyncio.wrap_future(fut), self.settings.commit_wait_s)
+        """Wait for a command the Raft thread completes. Not ``asyncio.wait_for``: in 3.11 it
+        returns the result of a future that completes as the waiter is cancelled, swallowing
+        the cancel; the shield keeps a cancel from cancelling the committer's future."""
+        async with asyncio.timeout(self.settings.commit_wait_s):
+            return await asyncio.shield(asyncio.wrap_future(fut))
 
     def _propose(
         self, st: _LevelState, deliveries: Sequence[_Delivery], store_ms: int
     ) -> Future[BatchOutcome]:
-        """One command delivering ``deliveries`` (contiguous) and moving the offset past them."""
+        """One command delivering ``deliveries`` (contiguous) and moving the offset past them.
+
+        Raises :class:`_TermOver` once the level's term has ended: a loop never proposes for a
+        term it no longer owns."""
+        if st.token is None or not self._live(st.token):
+            raise _TermOver
         first = deliveries[0].entry.queue_offset
         end = deliveries[-1].entry.queue_offset + 1
         key = offset_key(st.level)
@@ -481,13 +611,13 @@ class ScheduleService:
 
     # ------------------------------------------------------------------ sync mode
 
-    async def _sync_pass(self, st: _LevelState) -> float:
+    async def _sync_pass(self, st: _LevelState, token: TermToken) -> float:
         """Deliver what is due now, one committed message at a time; return how long to wait."""
         offset = self.offset(st.level)
         now = self.raftlog.clock.now_ms()
         plan = self._plan(st, offset, self.settings.scan_max, now)
         for entry in plan.due:
-            if self.mode != SYNC or self.paused:
+            if self.mode != SYNC or self.paused or not self._live(token):
                 return 0.0
             delivery = self._sync_delivery(st, entry)
             if delivery is None:
@@ -498,19 +628,54 @@ class ScheduleService:
             try:
                 outcome = await self._commit(self._propose(st, [delivery], store_ms))
             except (RaftLogError, TimeoutError) as exc:
-                st.failures_total += 1
-                st.last_error = str(exc)
-                log.warning("schedule level %d: delivery failed: %s", st.level, exc)
-                return self.settings.pending.resend_backoff_step_ms / 1000
+                if not self._live(token):
+                    raise _TermOver from None  # the term ended under the command: leave
+                if isinstance(exc, ConditionFailed) and self.offset(st.level) > entry.queue_offset:
+                    # An earlier send of this entry went through (a retry after a timeout, or
+                    # a command forwarded to the next leader as this one stepped down): it is
+                    # delivered, once. Go on from the offset.
+                    log.debug("schedule level %d: %s; already delivered", st.level, exc)
+                    return 0.0
+                # A commit that fails as the leadership moves fails before the loss reaches
+                # the owner: wait the back-off, and leave without a word if the term ended.
+                await self._sleep(st, self.settings.pending.resend_backoff_step_ms / 1000)
+                if not self._live(token):
+                    raise _TermOver from None
+                self._sync_failed(st, entry, str(exc) or type(exc).__name__)
+                return 0.0
             if outcome.status == OK and not outcome.duplicate:
                 self._report(st, [delivery], store_ms)
-            elif outcome.status != OK:
+            if st.sync_failing is not None and outcome.status == OK:
+                log.info(
+                    "schedule level %d queue offset %d delivered after failures",
+                    st.level,
+                    entry.queue_offset,
+                )
+                st.sync_failing = None
+            if not self._live(token):
+                raise _TermOver
+            if outcome.status != OK:
                 # Another delivery of this range went through (or the offset was corrected):
                 # start again from the replicated offset.
                 return 0.0
         if len(plan.due) == self.settings.scan_max:
             return 0.0  # the read was cut by the limit, more may be due
         return self._wait_s(plan.next_due_ms, plan.stop)
+
+    def _sync_failed(self, st: _LevelState, entry: ScheduleEntry, error: str) -> None:
+        """Count a failed sync delivery; log it once per queue offset (the level retries it
+        every back-off step, and a line per retry would flood the log)."""
+        st.failures_total += 1
+        st.last_error = error
+        if st.sync_failing != entry.queue_offset:
+            st.sync_failing = entry.queue_offset
+            log.warning(
+                "schedule level %d: delivery of queue offset %d failed (retrying every %d ms): %s",
+                st.level,
+                entry.queue_offset,
+                self.settings.pending.resend_backoff_step_ms,
+                error,
+            )
 
     def _sync_delivery(self, st: _LevelState, entry: ScheduleEntry) -> _Delivery | None:
         try:
@@ -540,26 +705,32 @@ class ScheduleService:
 
     # ------------------------------------------------------------------ async mode
 
-    async def _async_session(self, st: _LevelState) -> None:
-        """Deliver asynchronously until the mode changes, the service pauses, or it stops."""
+    async def _async_session(self, st: _LevelState, token: TermToken) -> None:
+        """Deliver asynchronously until the mode changes, the service pauses, or the term
+        ends."""
         pq = PendingQueue(st.level, self.offset(st.level), self.settings.pending)
         st.pending = pq
+        st.inflight_batches = 0
+        st.advance_inflight = False
         try:
-            while self.mode == ASYNC and not self.paused:
+            while self.mode == ASYNC and not self.paused and self._live(token):
                 wait_s = self._async_step(st, pq)
                 await self._sleep(st, wait_s)
             # Let what is in flight finish so the next mode starts from a settled offset.
-            deadline = asyncio.get_running_loop().time() + self.settings.commit_wait_s
-            while st.inflight_batches and asyncio.get_running_loop().time() < deadline:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.settings.commit_wait_s
+            while st.inflight_batches and loop.time() < deadline and self._live(token):
                 await self._sleep(st, 0.05)
         finally:
             st.pending = None
+            self._log_block(st, None)
 
     def _async_step(self, st: _LevelState, pq: PendingQueue) -> float:
         now = self.raftlog.clock.now_ms()
         settled = pq.settle(now)
         for skipped in settled.skipped:
             log.warning("%s", skipped.reason)
+        self._log_block(st, pq.blocking_entry())
         self._advance_over_skips(st, pq)
         waits: list[float] = []
         if settled.resends:
@@ -607,6 +778,28 @@ class ScheduleService:
         else:
             waits.append(self._wait_s(plan.next_due_ms, plan.stop))
         return min(waits)
+
+    def _log_block(self, st: _LevelState, block: BlockInfo | None) -> None:
+        """Log once when the level blocks (naming the entry and why) and once when it no
+        longer does."""
+        if block is not None and st.blocked_at != block.entry.queue_offset:
+            st.blocked_at = block.entry.queue_offset
+            log.error(
+                "schedule level %d blocked at queue offset %d after %d failures: %s; nothing "
+                "behind it is delivered until it goes through",
+                st.level,
+                block.entry.queue_offset,
+                block.failures,
+                block.last_error,
+            )
+        elif block is None and st.blocked_at is not None:
+            log.warning(
+                "schedule level %d no longer blocked at queue offset %d%s",
+                st.level,
+                st.blocked_at,
+                "" if st.pending is not None else " (its delivery session ended)",
+            )
+            st.blocked_at = None
 
     def _resend(
         self,
@@ -657,6 +850,8 @@ class ScheduleService:
         store_ms = self.raftlog.clock.now_ms()
         try:
             fut = self._propose(st, deliveries, store_ms)
+        except _TermOver:
+            return  # the session ends at its next check; nothing of it is proposed
         except RaftLogError as exc:
             self._failed(st, pq, deliveries, now, str(exc))
             return
@@ -668,12 +863,17 @@ class ScheduleService:
         )
 
     def _on_batch_done(self, st: _LevelState, batch: _Batch, fut: Future[BatchOutcome]) -> None:
+        pq = batch.pending
+        if st.pending is not pq:
+            return  # its session (or term) is over; the next one starts from the offset
         st.inflight_batches = max(0, st.inflight_batches - 1)
         st.wake.set()
-        pq = batch.pending
         now = self.raftlog.clock.now_ms()
         try:
             outcome = fut.result()
+        except ConditionFailed as exc:  # how the committer reports a failed ``expect``
+            self._refused(st, pq, batch, now, str(exc))
+            return
         except Exception as exc:
             self._failed(st, pq, batch.deliveries, now, str(exc) or type(exc).__name__)
             return
@@ -683,17 +883,23 @@ class ScheduleService:
             if not outcome.duplicate:
                 self._report(st, batch.deliveries, batch.store_ms)
             return
-        # The offset was not where this range started. Entries it has passed were delivered
-        # by an earlier send of theirs; the others wait for what is ahead of them.
+        self._refused(st, pq, batch, now, outcome.detail)
+
+    def _refused(
+        self, st: _LevelState, pq: PendingQueue, batch: _Batch, now: int, reason: str
+    ) -> None:
+        """The offset was not where the batch's range started. Entries it has passed were
+        delivered by an earlier send of theirs (a resend after a timeout, or a command that
+        reached the next leader as this one stepped down): they count as delivered, so a level
+        never blocks on an entry that went through. The others wait for what is ahead."""
         offset = self.offset(st.level)
-        reason = outcome.detail
         for d in batch.deliveries:
             if offset > d.entry.queue_offset:
                 pq.on_success(d.entry.queue_offset)
             else:
                 st.failures_total += 1
+                st.last_error = reason
                 pq.on_failure(d.entry.queue_offset, d.attempt, now, reason or "refused")
-        st.last_error = reason
 
     def _failed(
         self,
@@ -713,6 +919,8 @@ class ScheduleService:
         offset = self.offset(st.level)
         if offset >= pq.safe_offset or st.advance_inflight:
             return
+        if st.token is None or not self._live(st.token):
+            return
         key = offset_key(st.level)
         try:
             fut = self.raftlog.update({key: pq.safe_offset}, expect={key: offset})
@@ -724,11 +932,13 @@ class ScheduleService:
         loop = asyncio.get_running_loop()
 
         def done(_f: Future[BatchOutcome]) -> None:
-            loop.call_soon_threadsafe(self._advance_done, st)
+            loop.call_soon_threadsafe(self._advance_done, st, pq)
 
         fut.add_done_callback(done)
 
-    def _advance_done(self, st: _LevelState) -> None:
+    def _advance_done(self, st: _LevelState, pq: PendingQueue) -> None:
+        if st.pending is not pq:
+            return
         st.advance_inflight = False
         st.wake.set()
 
@@ -782,9 +992,19 @@ class ScheduleService:
             "running": self.running,
             "mode": self.mode,
             "paused": self.paused,
-            "term": self._term if self.running else None,
+            "term": self._token.term if self.running and self._token is not None else None,
+            "loops": self.loops_view(),
             "levels": levels,
         }
+
+    def loops_view(self) -> dict[str, Any]:
+        """The node's running leader-only loops (schedule levels and timer driver), the term
+        they run for, and loops started/stopped since the node started."""
+        view = self.leadership.stats()
+        out = view.as_dict()
+        out["schedule_levels"] = view.by_work.get(self.name, 0)
+        out["timer_driver"] = view.by_work.get("timer", 0)
+        return out
 
     def _pending_view(self, st: _LevelState) -> tuple[PendingStats | None, BlockInfo | None]:
         """The level's pending queue as seen from another thread (it may change under us)."""

@@ -22,11 +22,23 @@ this module decides *when* to propose what, on the leader only:
   timer message id (:mod:`timer.message`).
 * **Cancel** and **switches**: one command each, answered from the apply outcome.
 
-Leadership comes from :meth:`raftlog.node.RaftLog.add_leader_listener`: a barrier committed in
-the current term, so every earlier timer command is applied here and the committed cursor is
-current. A follower keeps its wheel current by applying the same commands, so taking over is
+**Leadership.** The driver is one piece of leader-only work (``timer``) owned by
+:class:`raftlog.leadership.Leadership`, which the log feeds with confirmed terms (a barrier
+committed in the term, so every earlier timer command is applied here and the committed cursor
+is current). The owner hands the driver a :class:`~raftlog.leadership.TermToken` for a term; the
+driver thread takes it up at its next step and does leader work only while that token is
+current: every proposal checks it. When the term ends the driver, at its next step (the owner
+wakes it), drops its in-flight commands and cursors, counts its loop stopped and tells the
+owner, and only then may the next term's work start, which plans again from the committed
+cursor. A follower keeps its wheel current by applying the same commands, so taking over is
 planning from the committed cursor at once; :attr:`TimerService.takeover` says how long the
 first command took.
+
+Pop revive, once it exists, plugs in the same way: a second piece registered with the same
+owner (``leadership.register(Piece("pop-revive", start, wake))``), driven from the timer's
+apply of revive timers, proposing only while its token is current and calling
+``token.exited`` when its loop returns. Nothing in the replicated command says which term
+proposed it: the token only decides whether to propose.
 
 Observer: ``on_delivered(items, delivered_ms)`` is called **on the node that leads when the
 delivery is applied**, from the driver thread, shortly after the apply (never on the Raft
@@ -55,6 +67,7 @@ from typing import Any
 
 from raftlog import record
 from raftlog.errors import InvalidInput, RaftLogError, UnknownQueue, UnknownTopic
+from raftlog.leadership import Leadership, Piece, TermToken
 from raftlog.node import NewMessage, RaftLog
 from raftlog.store import ApplyResult
 from timer import message as tm
@@ -78,6 +91,9 @@ log = logging.getLogger(__name__)
 
 OnDelivered = Callable[[list[DeliveredItem], int], None]
 
+#: The driver's name as leader-only work, and its loop's.
+DRIVER_WORK = "timer"
+DRIVER_LOOP = "timer driver"
 #: Most TimerLog records one fetch answer carries (4 MB).
 FETCH_MAX_RECORDS = 50_000
 #: Wheel cells by default: two days at 100 ms (110 MB of sparse file).
@@ -108,6 +124,7 @@ class TimerService:
         on_delivered: OnDelivered | None = None,
         commit_timeout_ms: int = 10_000,
         max_inflight: int = 4,
+        leadership: Leadership | None = None,
     ) -> None:
         self.raftlog = raftlog
         self.config = config
@@ -139,9 +156,14 @@ class TimerService:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._own_leadership = leadership is None
+        self.leadership = leadership or Leadership(now_ms=raftlog.clock.monotonic_ms)
+        self._token_lock = threading.Lock()
+        self._next_token: TermToken | None = None
+        """Handed over by the leadership owner, taken up by the driver at its next step."""
         # Driver state (driver thread only).
-        self._epoch = 0
-        self._seen_epoch = -1
+        self._token: TermToken | None = None
+        """The term the driver works for; None while it does no leader work."""
         self._inflight: collections.deque[_InFlight] = collections.deque()
         self._inflight_cursor: ReadCursor | None = None
         # Where the last plan stopped (proposed or not): how far reading has got on the leader.
@@ -174,8 +196,10 @@ class TimerService:
         """Register the apply extension (aligning the files to the replicated state) and the
         listeners. Timer commands the Raft thread met before this waited for it."""
         self.raftlog.register_extension(self.machine)
-        self.raftlog.add_leader_listener(self._on_leader)
         self.raftlog.add_apply_listener(self._on_apply)
+        self.leadership.register(Piece(DRIVER_WORK, self._begin_term, self._wake.set))
+        if self._own_leadership:
+            self.raftlog.add_leader_listener(self.leadership.on_leader)
 
     def start(self) -> None:
         """:meth:`register`, then start the driver thread."""
@@ -195,13 +219,23 @@ class TimerService:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+            if self._thread.is_alive():
+                return  # still stepping; it leaves its term when the step returns
+        self._leave_term()
 
     # ------------------------------------------------------------------ listeners
 
-    def _on_leader(self, is_leader: bool, term: int) -> None:
-        self._epoch += 1
-        if is_leader:
-            self._confirmed_at = self._mono()
+    def _begin_term(self, token: TermToken) -> None:
+        """The leadership owner starts the driver's work for ``token.term`` (leadership thread);
+        the driver takes it up at its next step."""
+        if self._stop.is_set():
+            token.exited(DRIVER_WORK)
+            return
+        with self._token_lock:
+            stale, self._next_token = self._next_token, token
+        if stale is not None:  # never taken up: the owner ended it before the driver looked
+            stale.exited(DRIVER_WORK)
+        self._confirmed_at = self._mono()
         self._wake.set()
 
     def _on_apply(self, result: ApplyResult) -> None:
@@ -221,17 +255,20 @@ class TimerService:
 
     def _run(self) -> None:
         timeout = 0.0
-        while not self._stop.is_set():
-            self._wake.wait(timeout)
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            try:
-                timeout = self.step()
-            except Exception:
-                log.exception("timer driver step failed; retrying")
-                self._resync = True
-                timeout = 0.2
+        try:
+            while not self._stop.is_set():
+                self._wake.wait(timeout)
+                self._wake.clear()
+                if self._stop.is_set():
+                    return
+                try:
+                    timeout = self.step()
+                except Exception:
+                    log.exception("timer driver step failed; retrying")
+                    self._resync = True
+                    timeout = 0.2
+        finally:
+            self._leave_term()
 
     def _notify_observer(self) -> None:
         while self.machine.observed:
@@ -251,18 +288,53 @@ class TimerService:
         self._scan_cursor = None
         self._resync = False
 
+    def _take_term(self) -> TermToken | None:
+        """The token the driver works for now: leave an ended term (resetting the in-flight
+        state and telling the owner), then take up the one the owner handed over, if any."""
+        token = self._token
+        if token is not None and not token.is_current():
+            self._leave_term()
+        if self._token is None:
+            with self._token_lock:
+                token, self._next_token = self._next_token, None
+            if token is not None:
+                if not token.is_current() or self._stop.is_set():
+                    token.exited(DRIVER_WORK)
+                    return None
+                token.enter_loop(DRIVER_WORK, DRIVER_LOOP)
+                self._token = token
+                self._become_leader()
+        return self._token
+
+    def _leave_term(self) -> None:
+        """Stop the leader work: drop what is in flight (the next term plans from the committed
+        cursor) and tell the owner."""
+        token, self._token = self._token, None
+        with self._token_lock:
+            pending, self._next_token = self._next_token, None
+        if pending is not None:
+            pending.exited(DRIVER_WORK)
+        if token is None:
+            return
+        self._reset()
+        self.leader_since_ms = None
+        log.info("timer driver stopped: term %d ended", token.term)
+        token.exit_loop(DRIVER_LOOP)
+        token.exited(DRIVER_WORK)
+
+    def _current(self) -> bool:
+        token = self._token
+        return token is not None and token.is_current() and not self._stop.is_set()
+
     def _step(self) -> float:
         """One turn of the driver; returns how long it may sleep (a wake cuts it short)."""
-        if not self.raftlog.is_leader:
-            if self._seen_epoch != self._epoch:
-                self._seen_epoch = self._epoch
-                self._reset()
-                self.leader_since_ms = None
+        if self._take_term() is None:
             return 0.5
-        if self._seen_epoch != self._epoch:
-            self._seen_epoch = self._epoch
-            self._become_leader()
+        if not self.raftlog.is_leader:
+            return 0.05  # the loss is on its way to the owner: propose nothing meanwhile
         self._settle()
+        if not self._current():
+            return 0.0
         if self._resync:
             if self._inflight:
                 return 0.05
@@ -352,7 +424,8 @@ class TimerService:
             # it, that produce creates the topic (like the schedule topic), and an idle
             # cluster shows no internal topic.
             try:
-                self.raftlog.create_topic(tm.TIMER_TOPIC, 1)
+                if self._current():
+                    self.raftlog.create_topic(tm.TIMER_TOPIC, 1)
             except RaftLogError as exc:
                 log.warning("could not create %s: %s", tm.TIMER_TOPIC, exc)
         committed = self.machine.committed()
@@ -366,6 +439,9 @@ class TimerService:
         log.info("timer driver active: cursor %s", committed.cursor)
 
     def _propose(self, payload: dict[str, Any], cursor: ReadCursor | None, enq: int | None) -> None:
+        if not self._current():
+            self._resync = True  # the term ended: nothing more is proposed for it
+            return
         try:
             fut = self.raftlog.propose_extension(NAME, payload)
         except RaftLogError as exc:
@@ -480,7 +556,9 @@ class TimerService:
 
     async def _command(self, payload: dict[str, Any]) -> TimerOutcome:
         fut = self.raftlog.propose_extension(NAME, payload)
-        result = await asyncio.wait_for(asyncio.wrap_future(fut), self.commit_timeout_s + 1)
+        # asyncio.timeout, not wait_for: a cancel arriving as the commit completes is kept.
+        async with asyncio.timeout(self.commit_timeout_s + 1):
+            result = await asyncio.shield(asyncio.wrap_future(fut))
         out = result.ext
         if not isinstance(out, TimerOutcome):
             raise TimerStateError(f"timer command answered {out!r}")
@@ -595,7 +673,7 @@ class TimerService:
         cp = files.checkpoint
         return {
             "role": "leader" if self.raftlog.is_leader else "follower",
-            "active": self.raftlog.is_leader and self._thread is not None,
+            "active": self._current() and self._thread is not None,
             "backlog": {"total": st.backlog_total, "by_topic": dict(sorted(st.backlog.items()))},
             "read_behind_ms": read_behind,
             "offset_behind": max(0, cq - st.enqueue_offset),
