@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pysyncobj.syncobj as _syncobj_module
-from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.journal import FileJournal, createJournal
 from pysyncobj.monotonic import monotonic as _pso_monotonic
 from pysyncobj.syncobj import _RAFT_STATE
@@ -505,6 +505,9 @@ class ReplicatedLog(SyncObj):
             return
         if kind == "timeout_now" and self.removal is not None:
             return
+        if kind == "apply_command":
+            self._refuse_forwarded(node, message)
+            return
         if kind == "append_entries" and message.get("term", -1) >= self._SyncObj__raftCurrentTerm:
             self._leader_heard_s = _pso_monotonic()
             if self.removal is not None:
@@ -520,6 +523,28 @@ class ReplicatedLog(SyncObj):
                 next_index[node] = before
             return
         super()._SyncObj__onMessageReceived(node, message)
+
+    def _refuse_forwarded(self, node: Any, message: dict[str, Any]) -> None:
+        """A command another node's pysyncobj forwards is never appended here.
+
+        Our writes are proposed only by a confirmed leader (:mod:`raftlog.node`); pysyncobj
+        forwards a command to the leader it knows when the node that got it does not lead.
+        That happens only in the moment after a leader steps down and before its leadership
+        watch notices: committed here, in the new term, such a command (a schedule range, a
+        produce) would outlive the term it was proposed for. The sender's callback hears
+        NOT_LEADER, so the write fails as never proposed and its client retries.
+        """
+        request_id = message.get("request_id")
+        if request_id is None:
+            return
+        self._SyncObj__transport.send(
+            node,
+            {
+                "type": "apply_command_response",
+                "request_id": request_id,
+                "error": FAIL_REASON.NOT_LEADER,
+            },
+        )
 
     def _hold_commit_index(self, message: dict[str, Any]) -> dict[str, Any]:
         """A snapshot chunk must not move this follower's commit index.
