@@ -275,28 +275,34 @@ class TransferCore:
         return Step(Action.RELEASE)
 
     def _moved(self, view: LeaderView, now_ms: int) -> Step | None:
+        """The end, once the term has moved on: None while it has not (or an election is on)."""
         start_term = self._start_term if self._start_term is not None else view.term
-        if view.term <= start_term or view.leader is None or view.leader == self.self_address:
-            if view.leading and view.term > start_term:
-                # This node won an election it took part in: the hand-over failed.
-                return self._finish(
-                    TransferOutcome.ELECTION_LOST,
-                    f"{self.target} did not win the election; this node leads again",
-                    view,
-                    now_ms,
-                )
+        if view.term <= start_term:
             return None
-        if view.leader != self.target:
+        if view.leader == self.target and not view.leading:
+            if view.commit_term < view.term and now_ms < self._deadline_ms:
+                return Step(Action.WAIT)  # the new leader has not committed in its term yet
             return self._finish(
-                TransferOutcome.ELECTION_LOST,
-                f"{view.leader} won the election, not {self.target}",
+                TransferOutcome.TRANSFERRED,
+                f"{self.target} leads in term {view.term}",
                 view,
                 now_ms,
             )
-        if view.commit_term < view.term and now_ms < self._deadline_ms:
-            return Step(Action.WAIT)  # the new leader has not committed in its term yet
+        if view.leader is None and not view.leading:
+            return None  # an election is on
+        winner = "this node" if view.leading else view.leader
+        if self._sent_term is None:
+            return self._finish(
+                TransferOutcome.NOT_LEADER,
+                f"the leadership changed before the hand-over: {winner} leads in term {view.term}",
+                view,
+                now_ms,
+            )
         return self._finish(
-            TransferOutcome.TRANSFERRED, f"{self.target} leads in term {view.term}", view, now_ms
+            TransferOutcome.ELECTION_LOST,
+            f"{self.target} did not win the election: {winner} leads in term {view.term}",
+            view,
+            now_ms,
         )
 
     def _timed_out(

@@ -27,7 +27,9 @@ async def _leader_of(client: Client, url: str) -> int | None:
     return leader if isinstance(leader, int) else None
 
 
-async def _produce(client: Client, stop: asyncio.Event, acked: list[dict[str, Any]], n: int) -> None:
+async def _produce(
+    client: Client, stop: asyncio.Event, acked: list[dict[str, Any]], n: int
+) -> None:
     """Write plain, delay-level and delay_ms messages until ``stop``; keep every answer."""
     deadline = time.monotonic() + PRODUCE_FOR_S
     k = 0
@@ -68,9 +70,7 @@ def test_transfers_under_load_move_the_leadership_and_lose_no_write(make_cluster
             await client.create_topic(TOPIC, 4)
             stop = asyncio.Event()
             acked: list[list[dict[str, Any]]] = [[], []]
-            producers = [
-                asyncio.create_task(_produce(client, stop, acked[i], i)) for i in range(2)
-            ]
+            producers = [asyncio.create_task(_produce(client, stop, acked[i], i)) for i in range(2)]
             try:
                 await wait_for(
                     lambda: asyncio.sleep(0, len(acked[0]) + len(acked[1]) > 300),
@@ -90,6 +90,7 @@ def test_transfers_under_load_move_the_leadership_and_lose_no_write(make_cluster
                         deadline_s=5,
                     )
                     answers.append(answer)
+                    print("transfer", answer)
                     assert answer["status"] == "transferred", answer
                     assert answer["leader"] == target, answer
                     assert answer["to"] == target, answer
@@ -126,7 +127,9 @@ def test_transfers_under_load_move_the_leadership_and_lose_no_write(make_cluster
             for (topic, queue), ids in sorted(want.items()):
                 stored = await _stored_ids(client, topic, queue, leader_url)
                 missing = ids - stored
-                assert not missing, f"{len(missing)} acknowledged messages missing in {topic}/{queue}"
+                assert not missing, (
+                    f"{len(missing)} acknowledged messages missing in {topic}/{queue}"
+                )
             metrics = await _metrics(client, cluster)
             assert metrics.count('result="transferred"') >= 2, metrics
 
@@ -149,7 +152,9 @@ async def _metrics(client: Client, cluster: Any) -> str:
     for url in cluster.urls:
         async with client._session.get(f"{url}/metrics") as r:
             text = await r.text()
-        out += [ln for ln in text.splitlines() if ln.startswith("chronomq_leadership_transfers_total")]
+        out += [
+            ln for ln in text.splitlines() if ln.startswith("chronomq_leadership_transfers_total")
+        ]
     return "\n".join(out)
 
 
