@@ -544,7 +544,7 @@ def _transfer_request(body: Any) -> tuple[int | None, int]:
 
 _TRANSFER_ERRORS = {
     # outcome: (status, error code)
-    "unknown_member": (404, "unknown_member"),
+    "unknown_member": (400, "unknown_member"),
     "target_not_member": (409, "target_not_member"),
     "target_unreachable": (409, "target_unreachable"),
     "no_target": (409, "transfer_refused"),

@@ -287,10 +287,10 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
         "timeout_ms (default 5000, at most 60000), for the target to come within a few entries, "
         "holds its own writes (at most the election timeout; they wait, and go to the new "
         "leader) until the target has every entry, and sends it TimeoutNow. 200 transferred "
-        "(or already_leader when `to` is the leader); 404 unknown_member; 409 "
-        "target_not_member, target_unreachable, transfer_refused (reason not_caught_up, "
-        "election_lost or no_target) or transfer_in_progress; 504 transfer_timeout. A "
-        "follower forwards to the leader.",
+        "(or already_leader when `to` is the leader); 400 unknown_member (no member has "
+        "that id); 409 target_not_member, target_unreachable, transfer_refused (reason "
+        "not_caught_up, election_lost or no_target) or transfer_in_progress; 504 "
+        "transfer_timeout. A follower forwards to the leader.",
         {
             "type": "object",
             "properties": {

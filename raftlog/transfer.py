@@ -568,8 +568,12 @@ def _refused(outcome: TransferOutcome, message: str, raftlog: RaftLog) -> Transf
 def _with_ids(result: TransferResult, ids: Mapping[str, int]) -> TransferResult:
     import dataclasses
 
+    message = result.message
+    for address, node_id in ids.items():
+        message = message.replace(address, f"node {node_id}")
     return dataclasses.replace(
         result,
+        message=message,
         from_id=ids.get(result.from_address),
         target_id=None if result.target_address is None else ids.get(result.target_address),
         leader_id=None if result.leader_address is None else ids.get(result.leader_address),

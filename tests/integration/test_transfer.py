@@ -186,7 +186,7 @@ def test_transfer_answers_name_what_is_wrong(make_cluster: Any) -> None:
                 await client.request(
                     "POST", "/v1/admin/leadership/transfer", json_body={"to": 7}, url=url
                 )
-            assert unknown.value.status == 404
+            assert unknown.value.status == 400
             assert unknown.value.body["error"] == "unknown_member"
             assert unknown.value.body["field"] == "to"
             # To the leader itself: nothing to do, said so.
