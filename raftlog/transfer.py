@@ -425,53 +425,16 @@ async def transfer_leadership(
         raftlog = broker_or_raftlog.raftlog
         members = {p.id: p.raft for p in broker_or_raftlog.peers()}
         self_id = int(broker_or_raftlog.config.node_id)
-    self_address = raftlog.config.raft_address
     timeout_ms = max(0, min(int(timeout_s * 1000), MAX_TIMEOUT_MS))
     ids = {a: i for i, a in members.items()}
     if self_id is not None:
-        ids[self_address] = self_id
+        ids[raftlog.config.raft_address] = self_id
 
-    def named(result: TransferResult) -> TransferResult:
-        return _with_ids(result, ids)
-
-    if target_id is not None and target_id == self_id:
-        if raftlog.is_leader:
-            return named(
-                TransferResult(
-                    TransferOutcome.ALREADY_LEADER,
-                    "this node is the target and already leads",
-                    self_address,
-                    self_address,
-                    self_address,
-                    raftlog.machine.raftCurrentTerm,
-                )
-            )
-        return named(_refused(TransferOutcome.NOT_LEADER, "this node does not lead", raftlog))
-    if target_id is not None and target_id not in members:
-        return named(
-            _refused(TransferOutcome.UNKNOWN_MEMBER, f"no member has id {target_id}", raftlog)
-        )
-    with _busy_lock:
-        if raftlog in _busy:
-            return named(
-                _refused(
-                    TransferOutcome.IN_PROGRESS,
-                    "another leadership transfer is running on this node",
-                    raftlog,
-                )
-            )
-        _busy.add(raftlog)
-    try:
-        target = members.get(target_id) if target_id is not None else None
-        result = await _run(raftlog, target, timeout_ms)
-    finally:
-        with _busy_lock:
-            _busy.discard(raftlog)
-    result = named(result)
+    result = _with_ids(await _transfer(raftlog, members, self_id, target_id, timeout_ms), ids)
     log.info(
         "leadership transfer to %s: %s after %d ms (catch-up %s ms, proposals held %d ms, "
         "%d attempts, term %d): %s",
-        _label(result.target_id, result.target_address),
+        _label(target_id if target_id is not None else result.target_id, result.target_address),
         result.outcome.value,
         result.waited_ms,
         result.catch_up_ms,
@@ -481,6 +444,43 @@ async def transfer_leadership(
         result.message,
     )
     return result
+
+
+async def _transfer(
+    raftlog: RaftLog,
+    members: Mapping[int, str],
+    self_id: int | None,
+    target_id: int | None,
+    timeout_ms: int,
+) -> TransferResult:
+    self_address = raftlog.config.raft_address
+    if target_id is not None and target_id == self_id:
+        if raftlog.is_leader:
+            return TransferResult(
+                TransferOutcome.ALREADY_LEADER,
+                "this node is the target and already leads",
+                self_address,
+                self_address,
+                self_address,
+                raftlog.machine.raftCurrentTerm,
+            )
+        return _refused(TransferOutcome.NOT_LEADER, "this node does not lead", raftlog)
+    if target_id is not None and target_id not in members:
+        return _refused(TransferOutcome.UNKNOWN_MEMBER, f"no member has id {target_id}", raftlog)
+    with _busy_lock:
+        if raftlog in _busy:
+            return _refused(
+                TransferOutcome.IN_PROGRESS,
+                "another leadership transfer is running on this node",
+                raftlog,
+            )
+        _busy.add(raftlog)
+    try:
+        target = members.get(target_id) if target_id is not None else None
+        return await _run(raftlog, target, timeout_ms)
+    finally:
+        with _busy_lock:
+            _busy.discard(raftlog)
 
 
 async def _run(raftlog: RaftLog, target: str | None, timeout_ms: int) -> TransferResult:
@@ -569,7 +569,7 @@ def _with_ids(result: TransferResult, ids: Mapping[str, int]) -> TransferResult:
     import dataclasses
 
     message = result.message
-    for address, node_id in ids.items():
+    for address, node_id in sorted(ids.items(), key=lambda kv: -len(kv[0])):
         message = message.replace(address, f"node {node_id}")
     return dataclasses.replace(
         result,
@@ -582,5 +582,5 @@ def _with_ids(result: TransferResult, ids: Mapping[str, int]) -> TransferResult:
 
 def _label(node_id: int | None, address: str | None) -> str:
     if node_id is None:
-        return str(address)
-    return f"node {node_id} ({address})"
+        return str(address or "the most caught-up follower")
+    return f"node {node_id}" if address is None else f"node {node_id} ({address})"
