@@ -38,6 +38,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from raftlog.errors import CommitOutcomeUnknown, NotLeader
+
 if TYPE_CHECKING:
     from raftlog.node import RaftLog
 
@@ -533,6 +535,19 @@ async def _run(raftlog: RaftLog, target: str | None, timeout_ms: int) -> Transfe
             # held (NotLeader) and releases it itself.
             machine.hold_proposals(None)
             await _settle(raftlog)
+            if not machine._isLeader():
+                # What the committer held was never proposed: the writers hear NotLeader (and
+                # go to the new leader) rather than have it forwarded by a follower's Raft.
+                committer.fail_all(
+                    NotLeader(
+                        "leadership handed over; the write was not proposed",
+                        raftlog.leader_address(),
+                    ),
+                    CommitOutcomeUnknown(
+                        "leadership handed over after the write was proposed; it may have "
+                        "committed: retry with the same idempotency key"
+                    ),
+                )
         finally:
             committer.release()
 
