@@ -515,7 +515,10 @@ async def _run(raftlog: RaftLog, target: str | None, timeout_ms: int) -> Transfe
         while True:
             step = core.step(machine.transfer_view, now_ms(), committer.inflight_commands)
             if step.action is Action.HOLD_COMMITTER:
-                committer.hold(time.monotonic() + hold_ms / 1000)
+                # The core releases it after hold_ms while this node leads; once it does not,
+                # the writes held stay held until they are failed with NotLeader (below), not
+                # proposed to a follower. The committer's own bound is for a driver that died.
+                committer.hold(started + timeout_ms / 1000 + 1.0)
             elif step.action is Action.HAND_OVER:
                 machine.hold_proposals(time.monotonic() + hold_ms / 1000)
                 machine.arm_timeout_now(target)
