@@ -307,6 +307,10 @@ def test_transfers_under_writes_move_the_leadership(
         return send(self, node, message)
 
     monkeypatch.setattr(TCPTransport, "send", recording)
+    losses: list[int] = []  # terms in which a node's leadership ended
+    for n in trio:
+        n.add_leader_listener(lambda leads, term: None if leads else losses.append(term))
+    handed_over: list[int] = []  # terms a transfer ended
     wait_until(lambda: _leader(trio) is not None, 20, "a leader")
     futures: list[Future[Any]] = []
     stop = False
@@ -323,7 +327,7 @@ def test_transfers_under_writes_move_the_leadership(
             except NotLeader:
                 continue
             k += 1
-            if len(futures) % 50 == 0:
+            if k % 20 == 0:
                 time.sleep(0.001)
 
     async def go() -> None:
@@ -343,6 +347,7 @@ def test_transfers_under_writes_move_the_leadership(
                 assert result.outcome is TransferOutcome.TRANSFERRED, result
                 assert result.term == before + 1, result
                 assert result.leader_address != leader.config.raft_address
+                handed_over.append(before)
         finally:
             stop = True
             await writer
@@ -354,6 +359,12 @@ def test_transfers_under_writes_move_the_leadership(
     # over); none is left with an unknown outcome.
     outcomes = [_outcome(f) for f in futures]
     assert outcomes.count("ok") > 0
+    wait_until(lambda: len(losses) >= len(handed_over), 5, "the old leaders to step down")
+    if sorted(losses) != handed_over:
+        # A leadership also ended by itself (three nodes and a writer share one process on a
+        # busy machine): writes in flight then have honest unknown outcomes of their own.
+        print(f"leadership ended in terms {sorted(losses)}, handed over in {handed_over}")
+        return
     assert set(outcomes) <= {"ok", "NotLeader"}, sorted(set(outcomes))
 
 
