@@ -30,6 +30,12 @@ from cluster.errors import ApiError, bad_request, from_exception
 from cluster.httpconn import ConnectionGuard, HttpLimits
 from cluster.runtimeconfig import RuntimeConfig
 from raftlog.removal import SIGNATURE_HEADER
+from raftlog.transfer import (
+    DEFAULT_TIMEOUT_MS,
+    MAX_TIMEOUT_MS,
+    TransferResult,
+    transfer_leadership,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +90,12 @@ class Metrics:
         self.inflight = Gauge(
             "chronomq_group_commit_inflight_commands",
             "Commands proposed, not committed",
+            registry=r,
+        )
+        self.transfers = Counter(
+            "chronomq_leadership_transfers",
+            "Leadership transfers asked of this node while it led, by result",
+            ["result"],
             registry=r,
         )
         self.collectors: list[Callable[[], None]] = []
@@ -280,8 +292,11 @@ def path_int(request: web.Request, name: str) -> int:
     return int(raw)
 
 
-async def forward_to_leader(request: web.Request) -> web.Response | None:
-    """On a follower, send a write to the leader and relay its answer; None on the leader."""
+async def forward_to_leader(
+    request: web.Request, timeout_s: float | None = None
+) -> web.Response | None:
+    """On a follower, send a write to the leader and relay its answer; None on the leader.
+    ``timeout_s``: how long the leader may take (default: the commit timeout and 5 s)."""
     broker = request.app[BROKER]
     if broker.raftlog.is_leader:
         return None
@@ -303,7 +318,11 @@ async def forward_to_leader(request: web.Request) -> web.Response | None:
             f"{leader}{request.rel_url}",
             data=body,
             headers=headers,
-            timeout=aiohttp.ClientTimeout(total=broker.config.commit_timeout_ms / 1000 + 5),
+            timeout=aiohttp.ClientTimeout(
+                total=timeout_s
+                if timeout_s is not None
+                else broker.config.commit_timeout_ms / 1000 + 5
+            ),
         ) as r:
             payload = await r.read()
             out_headers = {"X-Chronomq-Leader": leader}
@@ -585,41 +604,82 @@ RUNTIME_CONFIG: web.AppKey[RuntimeConfig] = web.AppKey("runtime_config", Runtime
 
 
 async def leadership_transfer(request: web.Request) -> web.Response:
+    """Hand the leadership to node ``to`` (or the most caught-up follower) and answer once it
+    has moved (200) or why not (404/409/503/504); see :mod:`raftlog.transfer`."""
     broker = request.app[BROKER]
     if not broker.raftlog.is_leader:
-        forwarded = await forward_to_leader(request)
+        forwarded = await forward_to_leader(request, MAX_TIMEOUT_MS / 1000 + 5)
         if forwarded is not None:
             return forwarded
     body = await read_json(request) if request.body_exists else {}
+    target, timeout_ms = _transfer_request(body)
+
+    result = await transfer_leadership(broker, target, timeout_ms / 1000)
+    request.app[METRICS].transfers.labels(result.outcome.value).inc()
+    return _transfer_answer(broker, result)
+
+
+def _transfer_request(body: Any) -> tuple[int | None, int]:
     if not isinstance(body, dict):
         raise bad_request('the body must be an object, e.g. {"to": 1}', "body")
+    unknown = sorted(set(body) - {"to", "timeout_ms"})
+    if unknown:
+        raise bad_request(f"unknown field {unknown[0]!r}", unknown[0])
     target = body.get("to")
-    node = None
-    if target is not None:
-        peer = next((p for p in broker.config.peers if p.id == target), None)
-        if peer is None or type(target) is not int:  # True == 1 and 1.0 == 1 are not ids
-            raise bad_request(f"no peer with id {target!r}", "to")
-        node = peer.raft
-    loop = asyncio.get_running_loop()
-    answer: asyncio.Future[int] = loop.create_future()
-
-    def settle(err: int) -> None:
-        if not answer.done():
-            answer.set_result(err)
-
-    def done(_res: Any, err: int) -> None:
-        loop.call_soon_threadsafe(settle, err)
-
-    broker.raftlog.machine.transferLeadership(node, callback=done)
-    err = await asyncio.wait_for(answer, 5)
-    if err != 0:
-        raise ApiError(
-            409,
-            "transfer_refused",
-            "the target is not fully caught up (or not connected); retry in a moment",
-            "to" if target is not None else None,
+    # True == 1 and 1.0 == 1 are not ids.
+    if target is not None and (type(target) is not int or not 0 <= target <= 1023):
+        raise bad_request(f"to must be a member id (an integer 0..1023), got {target!r}", "to")
+    timeout_ms = body.get("timeout_ms", DEFAULT_TIMEOUT_MS)
+    if type(timeout_ms) is not int or not 1 <= timeout_ms <= MAX_TIMEOUT_MS:
+        raise bad_request(
+            f"timeout_ms must be an integer 1..{MAX_TIMEOUT_MS}, got {timeout_ms!r}", "timeout_ms"
         )
-    return json_response({"status": "transferring", "to": target}, status=202)
+    return target, timeout_ms
+
+
+_TRANSFER_ERRORS = {
+    # outcome: (status, error code)
+    "unknown_member": (400, "unknown_member"),
+    "target_not_member": (409, "target_not_member"),
+    "target_unreachable": (409, "target_unreachable"),
+    "no_target": (409, "transfer_refused"),
+    "not_caught_up": (409, "transfer_refused"),
+    "election_lost": (409, "transfer_refused"),
+    "in_progress": (409, "transfer_in_progress"),
+    "not_leader": (503, "not_leader"),
+    "timeout": (504, "transfer_timeout"),
+}
+
+
+def _transfer_answer(broker: Broker, result: TransferResult) -> web.Response:
+    leader_url = broker.peer_http(result.leader_address)
+    answer = {
+        "from": result.from_id,
+        "to": result.target_id,
+        "leader": result.leader_id,
+        "leader_url": leader_url,
+        "term": result.term,
+        "waited_ms": result.waited_ms,
+        "catch_up_ms": result.catch_up_ms,
+        "held_ms": result.held_ms,
+        "attempts": result.attempts,
+    }
+    outcome = result.outcome.value
+    if outcome in ("transferred", "already_leader"):
+        return json_response({"status": outcome, **answer, "message": result.message})
+    # In an error, "leader" is the leader's URL, as in every 503 not_leader (clients follow it).
+    answer["leader_id"] = answer["leader"]
+    answer["leader"] = leader_url
+    status, code = _TRANSFER_ERRORS[outcome]
+    headers = {"Retry-After": "1"} if status in (503, 504) else None
+    raise ApiError(
+        status,
+        code,
+        result.message,
+        "to" if outcome in ("unknown_member", "target_not_member", "target_unreachable") else None,
+        headers,
+        {"reason": outcome, **answer},
+    )
 
 
 async def add_member(request: web.Request) -> web.Response:

@@ -38,6 +38,7 @@ from raftlog.errors import ApplyRejected, ConditionFailed, Overloaded, UnknownTo
 from raftlog.node import NewMessage, RaftLog
 from raftlog.removal import RemovalNotice
 from raftlog.store import TOO_MANY_TOPICS, ApplyResult, BatchOutcome
+from raftlog.transfer import transfer_leadership
 from schedule import properties as schedule_props
 from schedule import rewrite
 from schedule.levels import SCHEDULE_TOPIC, DelayLevelTable
@@ -874,38 +875,14 @@ class Broker:
             await asyncio.sleep(0.1)
 
     async def hand_over_leadership(self, timeout_s: float) -> int | None:
-        """Hand this node's leadership to the most caught-up other member and wait until
-        another node leads; the new leader's id, or None when it did not move in
-        ``timeout_s``. (pysyncobj's ``transferLeadership``, retried while no member is
-        fully caught up; one election timeout for each attempt to move it.)"""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        machine = self.raftlog.machine
-        election_s = self.raftlog.config.raft_max_timeout_ms / 1000
-        while loop.time() < deadline:
-            leader = self.raftlog.leader_address()
-            if not machine._isLeader():
-                if leader is not None and leader != self.config.raft_address:
-                    return self.node_id_of(leader)
-                await asyncio.sleep(0.02)
-                continue
-            answer: asyncio.Future[int] = loop.create_future()
-
-            def done(_res: Any, err: int, answer: asyncio.Future[int] = answer) -> None:
-                loop.call_soon_threadsafe(lambda: None if answer.done() else answer.set_result(err))
-
-            machine.transferLeadership(None, callback=done)
-            try:
-                err = await asyncio.wait_for(answer, 1.0)
-            except TimeoutError:
-                err = -1
-            if err != 0:
-                await asyncio.sleep(0.05)
-                continue
-            moved_by = min(deadline, loop.time() + election_s)
-            while machine._isLeader() and loop.time() < moved_by:
-                await asyncio.sleep(0.02)
-        return None
+        """Hand this node's leadership to the most caught-up other member
+        (:func:`raftlog.transfer.transfer_leadership`); the new leader's id, or None when it
+        did not move in ``timeout_s``."""
+        result = await transfer_leadership(self, None, timeout_s)
+        if not result.moved:
+            log.warning("handing the leadership over failed: %s", result.message)
+            return None
+        return result.leader_id
 
     async def _notify_removed(self, peer: Peer, notice: RemovalNotice) -> None:
         """Tell a removed node it was removed, retrying for at most a minute (it may be down:

@@ -255,7 +255,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
 
         data = _client_call(args, lambda c: c.patch_config(parse_sets(args.pairs)))
     elif args.admin_cmd == "transfer":
-        data = _client_call(args, lambda c: c.transfer_leadership(args.to))
+        data = _client_call(args, lambda c: c.transfer_leadership(args.to, args.timeout_ms))
     else:
         data = _client_call(args, lambda c: c.cluster())
     print(json.dumps(data, indent=2))
@@ -485,7 +485,16 @@ def build_parser() -> argparse.ArgumentParser:
         "runtime keys; transfer: move leadership to --to",
     )
     ad.add_argument("pairs", nargs="*", help="for set: key=value ...")
-    ad.add_argument("--to", type=int, help="for transfer: target node id")
+    ad.add_argument(
+        "--to", type=int, help="for transfer: target node id (default: the most caught-up)"
+    )
+    ad.add_argument(
+        "--timeout-ms",
+        dest="timeout_ms",
+        type=int,
+        help="for transfer: how long the leader may wait for the target to catch up and win "
+        "(default 5000, at most 60000); prints the answer once the leadership has moved",
+    )
     ad.set_defaults(func=cmd_admin)
 
     add_reference_command(

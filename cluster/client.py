@@ -306,8 +306,16 @@ class Client:
         )
         return result
 
-    async def transfer_leadership(self, to: int | None) -> dict[str, Any]:
-        body = {"to": to} if to is not None else {}
+    async def transfer_leadership(
+        self, to: int | None, timeout_ms: int | None = None
+    ) -> dict[str, Any]:
+        """Move the leadership to node ``to`` (None: the most caught-up follower); answers
+        ``{"status": "transferred", "leader", "term", "waited_ms", ...}`` once it has moved.
+        A refusal raises :class:`ClientError` (409 with ``reason``; 504 is retried until the
+        client's deadline)."""
+        body: dict[str, Any] = {"to": to} if to is not None else {}
+        if timeout_ms is not None:
+            body["timeout_ms"] = timeout_ms
         result: dict[str, Any] = await self.request(
             "POST", "/v1/admin/leadership/transfer", json_body=body, write=True
         )

@@ -95,6 +95,63 @@ _TOPIC = {
     },
 }
 
+_TRANSFER_FIELDS: dict[str, Any] = {
+    "from": {"type": "integer", "description": "the node that led"},
+    "to": {"type": "integer", "description": "the target"},
+    "term": {"type": "integer", "description": "the term of the node that leads now"},
+    "waited_ms": {"type": "integer", "description": "from the request to the answer"},
+    "catch_up_ms": {
+        "type": ["integer", "null"],
+        "description": "from the request until TimeoutNow was sent (null: it was not)",
+    },
+    "held_ms": {"type": "integer", "description": "how long the leader held its writes"},
+    "attempts": {"type": "integer"},
+}
+_TRANSFERRED = {
+    "type": "object",
+    "properties": {
+        "status": {"enum": ["transferred", "already_leader"]},
+        "leader": {"type": "integer", "description": "the node that leads now"},
+        "leader_url": {"type": "string"},
+        **_TRANSFER_FIELDS,
+        "message": {"type": "string"},
+    },
+}
+_ERROR_FIELDS: dict[str, Any] = _ERROR["properties"]  # type: ignore[assignment]
+_TRANSFER_REFUSED = {
+    "type": "object",
+    "required": ["error", "message", "field", "reason"],
+    "properties": {
+        **_ERROR_FIELDS,
+        "reason": {
+            "enum": [
+                "target_not_member",
+                "target_unreachable",
+                "no_target",
+                "not_caught_up",
+                "election_lost",
+                "in_progress",
+                "timeout",
+            ]
+        },
+        "leader": {"type": ["string", "null"], "description": "the leader's URL"},
+        "leader_id": {"type": ["integer", "null"]},
+        "leader_url": {"type": ["string", "null"]},
+        **_TRANSFER_FIELDS,
+    },
+}
+# Answers besides 200 that a route documents one by one: (method, path) -> status -> (what, schema).
+_MORE_ANSWERS: dict[tuple[str, str], dict[str, tuple[str, Any]]] = {
+    ("POST", "/v1/admin/leadership/transfer"): {
+        "409": (
+            "not moved: target_not_member, target_unreachable, transfer_refused (reason says "
+            "why) or transfer_in_progress",
+            _TRANSFER_REFUSED,
+        ),
+        "504": ("transfer_timeout: the leadership did not move in time", _TRANSFER_REFUSED),
+    },
+}
+
 # (method, path): (summary, request schema or None, 200 response schema, query parameters)
 _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
     ("POST", "/v1/topics/{topic}/messages"): (
@@ -252,9 +309,24 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
         [],
     ),
     ("POST", "/v1/admin/leadership/transfer"): (
-        "Ask the leader to hand leadership to node `to` (or any); answers 202.",
-        {"type": "object", "properties": {"to": {"type": "integer"}}},
-        _object(status="string", to="integer"),
+        "Hand the leadership to node `to` (any member, runtime-added ones too; without it the "
+        "most caught-up follower) and answer once it has moved: the leader waits, at most "
+        "timeout_ms (default 5000, at most 60000), for the target to come within a few entries, "
+        "holds its own writes (at most the election timeout; they wait, and go to the new "
+        "leader) until the target has every entry, and sends it TimeoutNow. 200 transferred "
+        "(or already_leader when `to` is the leader); 400 unknown_member (no member has "
+        "that id); 409 target_not_member, target_unreachable, transfer_refused (reason "
+        "not_caught_up, election_lost or no_target) or transfer_in_progress; 504 "
+        "transfer_timeout. A follower forwards to the leader.",
+        {
+            "type": "object",
+            "properties": {
+                "to": {"type": "integer", "minimum": 0, "maximum": 1023},
+                "timeout_ms": {"type": "integer", "minimum": 1, "maximum": 60000},
+            },
+            "additionalProperties": False,
+        },
+        _TRANSFERRED,
         [],
     ),
     ("POST", "/v1/admin/members"): (
@@ -350,6 +422,11 @@ def spec(metrics_public: bool = False) -> dict[str, Any]:
                 },
             },
         }
+        for status, (what, schema) in _MORE_ANSWERS.get((method, path), {}).items():
+            op["responses"][status] = {
+                "description": what,
+                "content": {"application/json": {"schema": schema}},
+            }
         if (method, path) in exempt:
             op["security"] = []
         else:

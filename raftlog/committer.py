@@ -223,6 +223,7 @@ class GroupCommitter:
         self._inflight: dict[int, _InFlight] = {}
         self._seq = 0
         self._closed = False
+        self._held_until: float | None = None  # time.monotonic; see hold()
         self.last_commit_monotonic = 0.0
         self.commands_proposed = 0
         self.commands_committed = 0
@@ -285,6 +286,28 @@ class GroupCommitter:
     def inflight_commands(self) -> int:
         return len(self._inflight)
 
+    def hold(self, until_s: float) -> None:
+        """Propose nothing new until ``until_s`` (``time.monotonic``) or :meth:`release`:
+        batches submitted meanwhile wait in the queue (limits apply as usual), never proposed.
+
+        A leadership transfer holds the leader's writes while the target catches up to the
+        last index: if the leadership moves, the leadership watch fails them with
+        :class:`NotLeader` (``fail_all``), and the client goes to the new leader; if it does
+        not, they are proposed on release. Commands already proposed go on committing."""
+        with self._cond:
+            self._held_until = until_s
+            self._cond.notify_all()
+
+    def release(self) -> None:
+        with self._cond:
+            self._held_until = None
+            self._cond.notify_all()
+
+    @property
+    def held(self) -> bool:
+        until = self._held_until
+        return until is not None and time.monotonic() < until
+
     def fail_all(self, exc: Exception, inflight_exc: Exception | None = None) -> None:
         """Fail everything queued or in flight (leadership lost, shutting down).
 
@@ -344,7 +367,7 @@ class GroupCommitter:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and (not self._queue or self._inflight_full()):
+                while not self._closed and (not self._queue or self._inflight_full() or self.held):
                     self._cond.wait(timeout=0.05)
                     self._expire()
                 if self._closed:

@@ -43,6 +43,7 @@ from raftlog.prevote import LogPosition, PreVoteRound, VoterState
 from raftlog.removal import RemovalFile, RemovalNotice
 from raftlog.store import FetchTarget, Store, decode_entry, encode_entry
 from raftlog.ticks import TickWatch
+from raftlog.transfer import LeaderView
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +120,11 @@ class ReplicatedLog(SyncObj):
     _SyncObj__lastResponseTime: dict[Any, float]
     _SyncObj__raftCurrentTerm: int
     _SyncObj__raftElectionDeadline: float
-    _SyncObj__transferInProgress: bool
     _SyncObj__raftLeader: Any
+    _SyncObj__raftMatchIndex: dict[Any, int]
+    _SyncObj__connectedNodes: set[Any]
+    _SyncObj__commandsQueue: Any
+    _SyncObj__transport: Any
 
     def __init__(
         self,
@@ -146,7 +150,6 @@ class ReplicatedLog(SyncObj):
         self._leader_heard_s: float | None = None
         self._prevote: PreVoteRound | None = None
         self._election_allowed_term: int | None = None  # pre-vote won from this term
-        self._transfer_election = False
         self._stickiness_s = prevote.stickiness_s(
             config.raft_min_timeout_ms / 1000, config.append_entries_period_ms / 1000
         )
@@ -166,6 +169,15 @@ class ReplicatedLog(SyncObj):
         self._apply_behind = False
         self._commit_target = 0
         self._applied_bytes = 0
+        # Leadership transfer (raftlog/transfer.py): on the leader, what the Raft thread
+        # reports each tick while a transfer watches, the hold on proposals and the armed
+        # TimeoutNow; on the target, the election TimeoutNow asked for.
+        self._transfer_watch = False
+        self.transfer_view: LeaderView | None = None
+        self._proposals_held_until: float | None = None
+        self._timeout_now_to: str | None = None
+        self._timeout_now_term: int | None = None
+        self._transfer_election_term: int | None = None
         journal_path = str(raft_dir / "journal")
         damaged = check_journal(journal_path)
         if damaged is not None:
@@ -220,20 +232,6 @@ class ReplicatedLog(SyncObj):
             )
         finally:
             _syncobj_module.createJournal = original
-        # Every message pysyncobj and the hooks below send goes through _marked_send: the
-        # request_vote of an election started by a transfer carries "transfer": True.
-        wire = self._SyncObj__transport
-        self._send_raw: Callable[[Any, Any], Any] = wire.send
-        wire.send = self._marked_send
-
-    def _marked_send(self, node: Any, message: Any) -> Any:
-        if (
-            self._transfer_election
-            and isinstance(message, dict)
-            and message.get("type") == "request_vote"
-        ):
-            message = {**message, "transfer": True}
-        return self._send_raw(node, message)
 
     # ------------------------------------------------------------------ pysyncobj hooks
 
@@ -248,10 +246,17 @@ class ReplicatedLog(SyncObj):
                 # them first, so that being busy is not taken for the leader's silence.
                 self._poller.poll(0)
             self._campaign_gate()
+            marking = self._transfer_election_term is not None
+            if marking:
+                self._SyncObj__transport.vote_fields = {"transfer": True}
             try:
                 super()._onTick(0.0 if self._apply_behind else timeToWait)
             finally:
-                self._transfer_election = False
+                if marking:
+                    self._SyncObj__transport.vote_fields = None
+                    self._end_transfer_election()
+            if self._transfer_watch:
+                self._transfer_tick()
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EIO, errno.EDQUOT):
                 raise
@@ -285,9 +290,9 @@ class ReplicatedLog(SyncObj):
         if self._SyncObj__raftElectionDeadline >= now:
             return
         term = self._SyncObj__raftCurrentTerm
-        if self._SyncObj__transferInProgress:
-            # TimeoutNow from the leader: no pre-vote, and the votes ignore stickiness.
-            self._transfer_election = True
+        if self._transfer_election_term is not None:
+            # TimeoutNow from the leader: no pre-vote, and the request_vote carries the
+            # transfer mark (the tick sets it) so that voters ignore leader stickiness.
             return
         if self._election_allowed_term == term:
             return  # pre-vote won: pysyncobj's tick starts the election
@@ -480,7 +485,7 @@ class ReplicatedLog(SyncObj):
         return max(self._SyncObj__raftCommitIndex, self._commit_target)
 
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
-        """Two corrections to pysyncobj's message handling.
+        """Two corrections to pysyncobj's message handling, and the mark of a TimeoutNow.
 
         A snapshot chunk does not move this follower's commit index (:meth:`_hold_commit_index`).
 
@@ -503,8 +508,10 @@ class ReplicatedLog(SyncObj):
             return
         if kind == "request_vote" and self._ignores_vote_request(message):
             return
-        if kind == "timeout_now" and self.removal is not None:
-            return
+        if kind == "timeout_now":
+            if self.removal is not None:
+                return
+            self._note_timeout_now(node, message)
         if kind == "apply_command":
             self._refuse_forwarded(node, message)
             return
@@ -558,6 +565,127 @@ class ReplicatedLog(SyncObj):
         """
         held = min(message.get("commit_index", 0), self._SyncObj__raftCommitIndex)
         return {**message, "commit_index": held}
+
+    # ------------------------------------------------------------------ leadership transfer
+
+    def watch_transfer(self, on: bool) -> None:
+        """While on, the Raft thread publishes a :class:`LeaderView` as ``transfer_view`` at
+        the end of every tick (any thread)."""
+        self._transfer_watch = on
+        if not on:
+            self.transfer_view = None
+
+    def hold_proposals(self, until_s: float | None) -> None:
+        """Append no command to the log until ``until_s`` (``time.monotonic``), or release
+        with None (any thread).
+
+        Commands proposed meanwhile wait in pysyncobj's queue. A node that stops leading while
+        holding fails them with ``NOT_LEADER`` (they were never in the log) instead of
+        forwarding them to the new leader, and releases; releasing on a node that no longer
+        leads is left to that (the Raft thread's next tick).
+        """
+        if until_s is not None:
+            self._proposals_held_until = until_s - time.monotonic() + _pso_monotonic()
+        elif self._SyncObj__raftState == _RAFT_STATE_LEADER:
+            self._proposals_held_until = None
+
+    def arm_timeout_now(self, address: str | None) -> None:
+        """Have the Raft thread send TimeoutNow to ``address`` the first tick on which this
+        node leads, holds proposals, is connected to it and its matchIndex equals the last
+        index; None disarms. ``transfer_view.timeout_now_term`` tells when it was sent."""
+        self._timeout_now_term = None
+        self._timeout_now_to = address
+
+    @property
+    def transfer_election_pending(self) -> bool:
+        """This follower was sent TimeoutNow by its leader and has not started the election
+        yet: the election it starts is a transfer's (no pre-vote; its request_vote carries
+        ``"transfer": True``)."""
+        return self._transfer_election_term is not None
+
+    def _note_timeout_now(self, node: Any, message: dict[str, Any]) -> None:
+        # pysyncobj's own condition for acting on it (see its __onMessageReceived).
+        if (
+            message.get("term", -1) >= self._SyncObj__raftCurrentTerm
+            and node == self._SyncObj__raftLeader
+            and self._SyncObj__raftState != _RAFT_STATE_LEADER
+        ):
+            self._transfer_election_term = self._SyncObj__raftCurrentTerm
+            log.info("TimeoutNow from the leader in term %d: starting an election", message["term"])
+
+    def _end_transfer_election(self) -> None:
+        """The transfer's election has started (the term moved on), or cannot."""
+        term = self._transfer_election_term
+        if term is not None and (
+            self._SyncObj__raftCurrentTerm > term or self._SyncObj__raftState == _RAFT_STATE_LEADER
+        ):
+            self._transfer_election_term = None
+
+    def _checkCommandsToApply(self) -> None:  # noqa: N802 - pysyncobj's name
+        until = self._proposals_held_until
+        if until is not None:
+            if self._SyncObj__raftState != _RAFT_STATE_LEADER:
+                self._fail_queued()
+                self._proposals_held_until = None
+                return
+            if _pso_monotonic() < until:
+                return
+            self._proposals_held_until = None
+        super()._checkCommandsToApply()
+
+    def _fail_queued(self) -> None:
+        queue = self._SyncObj__commandsQueue
+        failed = 0
+        while True:
+            try:
+                _command, callback = queue.get_nowait()
+            except Exception:  # pysyncobj's Queue.Empty
+                break
+            failed += 1
+            self._SyncObj__callErrCallback(FAIL_REASON.NOT_LEADER, callback)
+        if failed:
+            log.info("leadership handed over: %d held commands failed, not proposed", failed)
+
+    def _transfer_tick(self) -> None:
+        leading = self._SyncObj__raftState == _RAFT_STATE_LEADER
+        last = self._SyncObj__raftLog[-1]
+        last_index = last[1]
+        match = {n.id: i for n, i in list(self._SyncObj__raftMatchIndex.items())}
+        connected = frozenset(n.id for n in list(self._SyncObj__connectedNodes))
+        members = list(self._SyncObj__otherNodes)
+        target = self._timeout_now_to
+        if (
+            target is not None
+            and leading
+            and self._proposals_held_until is not None
+            and target in connected
+            and match.get(target) == last_index
+        ):
+            node = next((n for n in members if n.id == target), None)
+            if node is not None:
+                self._timeout_now_to = None
+                sent: list[int] = []
+                self.transferLeadership(node, lambda _r, err: sent.append(err))
+                if sent == [FAIL_REASON.SUCCESS]:
+                    self._timeout_now_term = self._SyncObj__raftCurrentTerm
+                    log.info("TimeoutNow sent to %s at index %d", target, last_index)
+                else:
+                    self._timeout_now_to = target  # refused: try again next tick
+        commit = self._SyncObj__raftCommitIndex
+        entries = self._SyncObj__getEntries(commit, 1) if commit > 0 else []
+        leader = self._SyncObj__raftLeader
+        self.transfer_view = LeaderView(
+            at_s=time.monotonic(),
+            leading=leading,
+            term=self._SyncObj__raftCurrentTerm,
+            leader=getattr(leader, "id", None),
+            last_index=last_index,
+            commit_term=entries[0][2] if entries else 0,
+            match_index=match,
+            connected=connected,
+            members=frozenset(n.id for n in members),
+            timeout_now_term=self._timeout_now_term,
+        )
 
     # ------------------------------------------------------------------ apply
 

@@ -20,6 +20,9 @@ Every adjustment to pysyncobj 0.3.17 that this takes, each small and in one plac
    outlived their deadline on every tick.
 4. ``SyncObjConf.bindAddress`` is the node's own Raft address (``raftlog/machine.py``), so the
    listener binds ``raft_host`` and not 0.0.0.0.
+5. :class:`GuardedTransport` adds ``"transfer": True`` to the ``request_vote`` messages of an
+   election that a leadership transfer's TimeoutNow started (``vote_fields``), so voters can
+   tell it from a campaign of a node that merely stopped hearing its leader.
 """
 
 from __future__ import annotations
@@ -90,6 +93,20 @@ class GuardedTransport(TCPTransport):
         # Before the base class connects to the other nodes.
         wire.register(syncObj._poller, self.context)
         super().__init__(syncObj, selfNode, otherNodes)
+
+    #: Fields added to every ``request_vote`` sent while set: ``{"transfer": True}`` during the
+    #: tick in which a follower told TimeoutNow starts its election (raftlog/machine.py).
+    vote_fields: dict[str, Any] | None = None
+
+    def marked(self, message: Any) -> Any:
+        """``message`` with :attr:`vote_fields` when it is a ``request_vote`` sent while set."""
+        fields = self.vote_fields
+        if fields and isinstance(message, dict) and message.get("type") == "request_vote":
+            return {**message, **fields}
+        return message
+
+    def send(self, node: Any, message: Any) -> bool:
+        return bool(super().send(node, self.marked(message)))
 
     def setOnUtilityMessageCallback(self, message: str, callback: Any) -> None:  # noqa: N802
         """pysyncobj's admin commands over the Raft port: none is registered."""

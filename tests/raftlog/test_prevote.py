@@ -118,7 +118,8 @@ def member(tmp_path: Path) -> Iterator[tuple[ReplicatedLog, FakeWire]]:
     store = Store(tmp_path / "store", segment_bytes=1 << 20)
     machine = ReplicatedLog(cfg, store, auto_tick=False)
     wire = FakeWire()
-    machine._send_raw = wire.send
+    transport = machine._SyncObj__transport
+    transport.send = lambda node, message: wire.send(node, transport.marked(message))
     # pysyncobj elects only while connected to someone (its peers do not run): say it is.
     machine._SyncObj__connectedToAnyone = lambda: True
     yield machine, wire
