@@ -12,12 +12,11 @@ import pytest
 
 from cluster.client import Client, ClientError
 from tests.integration.conftest import wait_for
+from tests.integration.test_schedule import QUEUES, TOPIC, Collector, check_history
 
 pytestmark = pytest.mark.integration
 
 LEVELS = "1s 2s 3s"
-TOPIC = "orders"
-QUEUES = 4
 TRANSFERS = 10
 BURST = 3000
 #: A level message is due 1-3 s after it is stored; one still undelivered this long after it
@@ -28,26 +27,6 @@ LATE_BOUND_MS = 8_000
 #: What a schedule loop that outlived its term logged: delivery attempts on a follower, and
 #: an old loop racing a new one on the level's offset (``sched/off/2 is 173, expected 172``).
 FOLLOWER_LINES = ("delivery failed", "not the leader", ", expected ")
-
-
-class Collector:
-    """Reads every queue of the real topic from the start; keeps every copy it sees."""
-
-    def __init__(self, client: Client) -> None:
-        self.client = client
-        self.offsets = [0] * QUEUES
-        self.copies: dict[str, list[dict[str, Any]]] = {}
-
-    async def poll(self) -> int:
-        for q in range(QUEUES):
-            try:
-                page = await self.client.pull(TOPIC, q, self.offsets[q], 1000)
-            except (ClientError, ConnectionError):
-                continue
-            for m in page["messages"]:
-                self.copies.setdefault(m["msg_id"], []).append(m)
-            self.offsets[q] = page["next_offset"]
-        return len(self.copies)
 
 
 async def leader_id(client: Client, urls: list[str]) -> int | None:
@@ -126,16 +105,12 @@ def test_transfers_under_load_then_async_burst(make_cluster: Any) -> None:
 
             await wait_for(all_in, 60, "every message delivered", cluster)
 
-            lost = [m for m in due if m not in collector.copies]
-            duplicated = [m for m, c in collector.copies.items() if len(c) > 1]
-            early = [m for m, c in collector.copies.items() if c[0]["store_ms"] < due.get(m, 0)]
-            unexpected = [m for m in collector.copies if m not in due]
-            assert (len(lost), len(duplicated), len(early), len(unexpected)) == (0, 0, 0, 0), (
-                lost[:3],
-                duplicated[:3],
-                early[:3],
-                unexpected[:3],
-            )
+            assert check_history(due, collector.copies) == {
+                "lost": 0,
+                "duplicated": 0,
+                "early": 0,
+                "unexpected": 0,
+            }
             late = sorted(
                 c[0]["store_ms"] - due[m] for m, c in collector.copies.items() if due[m] > 0
             )
