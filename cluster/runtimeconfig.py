@@ -262,6 +262,9 @@ class RuntimeConfig:
         self._refreshed: tuple[object, ...] | None = None  # loop
         self._reported: set[str] = set()
         self._poller: asyncio.Task[None] | None = None
+        # What the cluster had set when last refreshed: a value committed again, equal to
+        # the effective one, is still an operator's change (logged, and an ops event).
+        self._set: dict[str, Any] = read_overrides(self._kv).values
         broker.raftlog.add_apply_listener(self._on_apply)
 
     @property
@@ -313,7 +316,9 @@ class RuntimeConfig:
         broker = self._broker
         new = effective(self.file_config, found.values)
         diffs = differences(broker.config, new)
-        if not diffs:
+        newly_set = {k: v for k, v in found.values.items() if k not in self._set}
+        self._set = dict(found.values)
+        if not diffs and not newly_set:
             return {}
         level = next((d for d in diffs if d[0] == "log_level"), None)
         louder = level is not None and level_number(level[2]) < level_number(level[1])
@@ -325,6 +330,10 @@ class RuntimeConfig:
         if level is not None and not louder:
             self._set_log_level(level[2])
         changes = {name: value for name, _, value in diffs}
+        for name, value in newly_set.items():
+            if name not in changes:
+                log.info("config set cluster-wide: %s = %s (as before)", name, _show(value))
+                changes[name] = value
         for hook in self._hooks:
             try:
                 hook(changes)

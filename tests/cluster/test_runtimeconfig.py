@@ -260,3 +260,17 @@ def test_a_failing_hook_does_not_stop_the_others() -> None:
     node.kv["cfg/ops_log_enabled"] = 0
     assert driver.refresh() == {"ops_log_enabled": False}
     assert seen == [{"ops_log_enabled": False}]
+
+
+def test_a_value_committed_equal_to_the_files_is_still_a_change_once() -> None:
+    """An operator's PATCH that commits the value a node already had is logged and reaches
+    the hooks (the ops event log records it); committing nothing new does not."""
+    node = FakeNode(file_config(ops_log_sample_rate=1.0))
+    seen: list[dict[str, Any]] = []
+    driver = rc.RuntimeConfig(node, [seen.append], lambda level: None)  # type: ignore[arg-type]
+    assert driver.refresh() == {}
+    node.kv["cfg/ops_log_sample_rate"] = "1.0"
+    assert driver.refresh() == {"ops_log_sample_rate": 1.0}
+    assert seen == [{"ops_log_sample_rate": 1.0}]
+    assert driver.refresh() == {}
+    assert node.config.ops_log_sample_rate == 1.0
