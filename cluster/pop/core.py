@@ -8,6 +8,7 @@ replica in log order, so every replica reaches the same state.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -52,11 +53,18 @@ def pick(
     until_ms: int,
     min_offset: int,
     max_offset: int,
+    accept: Callable[[int], bool | None] | None = None,
+    max_skip: int = 0,
 ) -> tuple[list[Picked], int]:
     """Hand out up to ``n`` visible messages of the queue ``[min_offset, max_offset)``:
     revived ones first (lowest offset first), then never-popped ones from the cursor, never
     beyond :data:`~cluster.pop.state.MAX_HELD` held at once. Returns what was picked and how
-    many revived messages were dropped because retention deleted them."""
+    many revived messages were dropped because retention deleted them.
+
+    ``accept(offset)``: the group's filter (its tags; ``None``: not looked at, stop there). A
+    never-popped message it refuses is passed over for good (the cursor moves past it, as
+    RocketMQ's pop does for a subscription that does not match), at most ``max_skip`` of them
+    per call. Revived messages matched when first handed out and are not filtered again."""
     out: list[Picked] = []
     dropped = 0
     for offset in sorted(st.revived):
@@ -70,8 +78,18 @@ def pick(
         out.append(Picked(offset, attempt, pop_id, until_ms))
     if st.cursor < min_offset:
         st.cursor = min_offset
+    skipped = 0
     while len(out) < n and st.cursor < max_offset and st.held < MAX_HELD:
         offset = st.cursor
+        verdict = True if accept is None else accept(offset)
+        if verdict is None:
+            break  # the filter has not looked that far: the next pop goes on from here
+        if not verdict:
+            if skipped >= max_skip:
+                break
+            skipped += 1
+            st.cursor += 1
+            continue
         st.cursor += 1
         st.inflight[offset] = Inflight(pop_id, 1, until_ms)
         out.append(Picked(offset, 1, pop_id, until_ms))

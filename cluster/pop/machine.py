@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,11 @@ log = logging.getLogger(__name__)
 NAME = "pop"
 DLQ_QUEUE = 0
 QueueKey = tuple[str, str, int]
+#: Most ConsumeQueue units a filtered ``pop`` looks at per queue: it passes over at most this
+#: many messages of other tags in one command (the next receive goes on from there).
+MAX_FILTER_SCAN = 1024
+#: Most tags one filter names (``TagA || TagB``).
+MAX_FILTER_TAGS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +242,9 @@ class PopMachine:
         if n is None or inv is None or mrt is None or not isinstance(qs, list):
             return self._invalid_pop(ctx, "n, inv_ms, mrt or qs out of range")
         assert isinstance(group, str) and isinstance(topic, str)
+        wanted = _tag_codes(p.get("tags"))
+        if isinstance(wanted, str):
+            return self._invalid_pop(ctx, wanted)
         queues = ctx.store.queue_count(topic)
         if queues is None:
             return self._invalid_pop(ctx, f"unknown topic {topic}")
@@ -253,6 +261,11 @@ class PopMachine:
             if q is None or lowest is None:
                 continue
             st = touched.get((group, topic, q))
+            accept = None
+            if wanted is not None:
+                units = ctx.store.read_units(topic, q, max(st.cursor, lowest), MAX_FILTER_SCAN)
+                codes = {u.queue_offset: u.tags_code for u in units}
+                accept = _accepting(codes, wanted)
             got, dropped = core.pick(
                 st,
                 n=n - len(picked),
@@ -260,6 +273,8 @@ class PopMachine:
                 until_ms=until,
                 min_offset=lowest,
                 max_offset=ctx.store.max_offset(topic, q),
+                accept=accept,
+                max_skip=MAX_FILTER_SCAN,
             )
             self.stats.add("dropped_by_retention", dropped)
             if got:
@@ -432,6 +447,22 @@ class PopMachine:
             max_message_bytes=max(len(msg.body), record.DEFAULT_MAX_MESSAGE_BYTES),
         )
         return DerivedRecord(dlq, DLQ_QUEUE, data)
+
+
+def _tag_codes(tags: object) -> frozenset[int] | str | None:
+    """The tags_codes a ``pop`` accepts (``None``: every message), or why ``tags`` is bad."""
+    if tags is None:
+        return None
+    if not isinstance(tags, list) or not 0 < len(tags) <= MAX_FILTER_TAGS:
+        return f"tags must be a list of 1..{MAX_FILTER_TAGS} tags"
+    if not all(isinstance(t, str) and 0 < len(t) <= 255 for t in tags):
+        return "a tag is a string of 1..255 characters"
+    return frozenset(tags_hash(t) for t in tags)
+
+
+def _accepting(codes: dict[int, int], wanted: frozenset[int]) -> Callable[[int], bool | None]:
+    # Beyond the units read (MAX_FILTER_SCAN): unknown, pick stops there.
+    return lambda offset: None if offset not in codes else codes[offset] in wanted
 
 
 def _item(item: object, *, with_inv: bool) -> tuple[str, str, int, int, int, int] | str:

@@ -39,6 +39,7 @@ from typing import Any, Final, TypeVar
 from cluster.pop.core import AckStatus
 from cluster.pop.handle import Handle, HandleCodec
 from cluster.pop.machine import (
+    MAX_FILTER_TAGS,
     NAME,
     ItemsOutcome,
     PopMachine,
@@ -254,9 +255,14 @@ class PopService:
         max_messages: int,
         invisible_ms: int,
         *,
+        tags: Sequence[str] | None = None,
         max_reconsume_times: int | None = None,
     ) -> Future[list[Popped]]:
-        """Hand out up to ``max_messages`` visible messages of ``topic`` to ``group``."""
+        """Hand out up to ``max_messages`` visible messages of ``topic`` to ``group``.
+
+        ``tags``: the subscription's tags (RocketMQ's ``TagA || TagB``); ``None`` for ``*``.
+        Messages with other tags are passed over for this group for good, as RocketMQ does.
+        """
         queues = self._check_names(group, topic)
         if (
             isinstance(max_messages, bool)
@@ -268,6 +274,14 @@ class PopService:
             )
         self._check_invisible(invisible_ms)
         mrt = self._mrt(max_reconsume_times)
+        tag_list = None if tags is None else list(tags)
+        if tag_list is not None and (
+            not 0 < len(tag_list) <= MAX_FILTER_TAGS
+            or not all(isinstance(t, str) and 0 < len(t) <= 255 for t in tag_list)
+        ):
+            raise PopError(
+                "bad_request", f"tags: 1..{MAX_FILTER_TAGS} tags of 1..255 characters", "tags"
+            )
         start = next(self._rr.setdefault((group, topic), itertools.count()))
         store = self.raftlog.store
         order = [(start + i) % queues for i in range(min(queues, MAX_POP_QUEUES))]
@@ -279,6 +293,7 @@ class PopService:
             "n": max_messages,
             "inv_ms": invisible_ms,
             "mrt": mrt,
+            "tags": tag_list,
         }
         fut = self.raftlog.propose_extension(NAME, payload)
         return _then(fut, lambda res: self._popped(group, topic, res))

@@ -181,3 +181,24 @@ def test_handles_round_trip_and_refuse_tampering_and_other_clusters() -> None:
     ):
         with pytest.raises(InvalidHandle):
             codec.decode(bad)
+
+
+def test_a_filter_passes_over_other_tags_for_good_and_stops_where_it_has_not_looked() -> None:
+    clock, st = FakeClock(T0), QueueState()
+    verdicts = {0: False, 1: True, 2: False, 3: True, 4: False, 5: False, 6: True}
+    picked, _ = core.pick(
+        st, n=1, pop_id=1, until_ms=T0 + INV, min_offset=0, max_offset=10,
+        accept=verdicts.get, max_skip=10,
+    )  # fmt: skip
+    assert [p.offset for p in picked] == [1] and st.cursor == 2
+    picked, _ = core.pick(
+        st, n=5, pop_id=2, until_ms=T0 + INV, min_offset=0, max_offset=10,
+        accept=verdicts.get, max_skip=1,
+    )  # fmt: skip
+    assert [p.offset for p in picked] == [3] and st.cursor == 4  # skipped 2, stopped at 4
+    picked, _ = core.pick(
+        st, n=5, pop_id=3, until_ms=T0 + INV, min_offset=0, max_offset=10,
+        accept=verdicts.get, max_skip=10,
+    )  # fmt: skip
+    assert [p.offset for p in picked] == [6] and st.cursor == 7  # 7 is unknown: stop
+    assert clock.now_ms() == T0

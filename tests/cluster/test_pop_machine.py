@@ -243,3 +243,23 @@ def test_bad_requests_and_handles_are_refused_before_proposing(make: Any) -> Non
         pg.g.logs[0].propose_extension(NAME, payload)
     pg.g.commit()
     pg.check_replicas()
+
+
+def test_a_tag_filter_hands_out_only_matching_messages(make: Any) -> None:
+    from raftlog.consumequeue import tags_hash
+
+    pg = make()
+    log = pg.g.logs[0]
+    msgs = [
+        NewMessage("orders", f"m{i}".encode(), 0, {"TAGS": tag}, tags_code=tags_hash(tag))
+        for i, tag in enumerate(["a", "b", "a", "c", "b"])
+    ]
+    log.append(msgs, {"orders": 1})
+    pg.g.commit()
+    got = pg.done(pg.pop.receive("g1", "orders", 8, INV, tags=["b", "c"]))
+    assert [p.message.body for p in got] == [b"m1", b"m3", b"m4"]
+    other = pg.done(pg.pop.receive("g2", "orders", 8, INV, tags=["a"]))
+    assert [p.message.body for p in other] == [b"m0", b"m2"]
+    with pytest.raises(PopError):
+        pg.pop.receive("g1", "orders", 8, INV, tags=[])
+    pg.check_replicas()
