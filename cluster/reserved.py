@@ -72,9 +72,10 @@ def check_user_properties(properties: Mapping[str, str], field: str) -> None:
             )
 
 
-APPLY_EXTENSIONS: Final = ("timer",)
-"""Every apply extension a node of this cluster registers (``timer.machine.NAME``); a committed
-command for another name is rejected at apply instead of waiting for it."""
+APPLY_EXTENSIONS: Final = ("timer", "pop")
+"""Every apply extension a node of this cluster registers (``timer.machine.NAME``,
+``cluster.pop.machine.NAME``); a committed command for another name is rejected at apply
+instead of waiting for it."""
 
 
 def apply_rules() -> dict[str, RecordRule]:

@@ -29,7 +29,7 @@ def start_services(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> list
     leadership = Leadership(now_ms=raftlog.clock.monotonic_ms)
     broker.leadership = leadership
     services: list[Service] = []
-    for build in (_schedule, _timer, _disk):
+    for build in (_schedule, _timer, _pop, _disk):
         service = build(config, raftlog, broker)
         if service is not None:
             service.start()
@@ -109,6 +109,22 @@ def _timer(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | No
     )
     broker.timer = service
     broker.timer_hook = service.produce_hook
+    return service
+
+
+def _pop(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | None:
+    """RocketMQ 5 pop consumption (``cluster/pop``): its apply extension on every node, its
+    revive driver on the leader. Receipt handles are signed with the cluster secret."""
+    from cluster.pop.service import PopService
+
+    service = PopService(
+        raftlog,
+        config.cluster_secret_bytes or b"chronomq/no-cluster-secret",
+        max_reconsume_times=config.max_reconsume_times,
+        commit_timeout_ms=config.commit_timeout_ms,
+        leadership=broker.leadership,
+    )
+    broker.pop = service
     return service
 
 

@@ -206,6 +206,20 @@ class PopService:
             self._thread.join(timeout=5)
         self._leave_term()
 
+    def stats(self) -> dict[str, Any]:
+        """This node's view: the revive topic read so far and behind, and what apply did."""
+        committed = self.machine.revive_offset()
+        end = self.raftlog.store.max_offset(REVIVE_TOPIC, REVIVE_QUEUE)
+        return {
+            "role": "leader" if self.raftlog.is_leader else "follower",
+            "active": self._token is not None and self._token.is_current(),
+            "revive_offset": committed,
+            "revive_behind": max(0, end - committed),
+            "revive_commands": self.revive_commands,
+            "queues": sum(1 for _ in self.machine.queue_keys()),
+            "applied": dict(sorted(self.machine.stats.counts.items())),
+        }
+
     # ------------------------------------------------------------------ API
 
     def _check_names(self, group: str, topic: str) -> int:
