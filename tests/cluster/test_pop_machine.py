@@ -263,3 +263,18 @@ def test_a_tag_filter_hands_out_only_matching_messages(make: Any) -> None:
     with pytest.raises(PopError):
         pg.pop.receive("g1", "orders", 8, INV, tags=[])
     pg.check_replicas()
+
+
+def test_retention_keeps_held_messages_and_unread_cks(make: Any) -> None:
+    from cluster.pop.hold import lowest_needed_offset
+
+    pg = make()
+    store = pg.g.logs[0].store
+    assert lowest_needed_offset(store) is None
+    pg.produce("orders", 3, queues=1)
+    a, b, c = pg.receive(3)
+    pg.done(pg.pop.ack([a.receipt_handle]))
+    unit = store.read_units("orders", 0, b.offset, 1)[0]
+    assert lowest_needed_offset(store) == unit.commitlog_offset
+    pg.done(pg.pop.ack([b.receipt_handle, c.receipt_handle]))
+    assert lowest_needed_offset(store) is None
