@@ -278,3 +278,12 @@ def test_retention_keeps_held_messages_and_unread_cks(make: Any) -> None:
     assert lowest_needed_offset(store) == unit.commitlog_offset
     pg.done(pg.pop.ack([b.receipt_handle, c.receipt_handle]))
     assert lowest_needed_offset(store) is None
+
+
+def test_producers_may_not_write_to_the_revive_topic() -> None:
+    from cluster import reserved
+    from cluster.errors import ApiError
+
+    with pytest.raises(ApiError) as info:
+        reserved.check_user_topic(REVIVE_TOPIC)
+    assert info.value.status == 400 and "pop checkpoints" in info.value.message
