@@ -28,7 +28,12 @@ module             owns
                    core, writes CK timer messages and DLQ copies, stores the state in kv.
 ``service``        the leader's API (receive, ack, change_invisible, forward_to_dlq) and the
                    revive driver (leader-only work, one piece of :mod:`raftlog.leadership`).
+``hold``           what retention must keep for pop (``cluster/disk.py`` asks it).
 =================  =========================================================================
+
+Every node runs it: ``cluster/services.py`` starts a :class:`~cluster.pop.service.PopService`
+(``broker.pop``) with the node's ``max_reconsume_times``, ``commit_timeout_ms`` and cluster
+secret, and ``pop`` is one of ``cluster.reserved.APPLY_EXTENSIONS``.
 
 Replicated state (kv, so snapshots, restarts and catch-up carry it)
 ==================================================================
@@ -53,9 +58,14 @@ never held by two consumers at once, and it comes back only through the revive c
 
 Commands (``propose_extension("pop", payload)``; payload a JSON object with ``op``)
 =================================================================================
-``pop``     ``{"g", "t", "qs": [queue, ...], "n", "inv_ms", "mrt"}``: hand out up to ``n``
-            (<= :data:`cluster.pop.state.MAX_POP_MESSAGES`) messages, taking the queues in the
-            order given (the leader rotates them). *Apply* picks the offsets from the committed
+``pop``     ``{"g", "t", "qs": [[queue, min_offset], ...], "n", "inv_ms", "mrt", "tags"}``:
+            hand out up to ``n`` (<= :data:`cluster.pop.state.MAX_POP_MESSAGES`) messages,
+            taking the queues in the order given (the leader rotates them). ``min_offset`` is
+            the leader's retention view of the queue (replicas delete at different moments,
+            so apply never asks its own). ``tags`` (or ``null`` for ``*``) filters by the
+            ConsumeQueue's tags code: a never-handed-out message of another tag is passed over
+            for this group for good, as RocketMQ's pop does, at most
+            :data:`cluster.pop.machine.MAX_FILTER_SCAN` per queue and command. *Apply* picks the offsets from the committed
             state: two receives racing on the leader never pick the same message, and nothing
             the leader guessed can be stale. Each picked message gets pop id = index, attempt
             (1 for a first hand-out, the revived attempt otherwise) and invisible-until =
@@ -115,6 +125,14 @@ replicated state (offset + pop id), so a handle from before a failover still ack
 whose message was revived answers ``expired`` on every replica alike. An ack that arrives after
 invisible-until but before the revive is applied is still accepted: the message has not been
 handed to anyone else, so this is safe (RocketMQ refuses it by the clock; we answer from state).
+
+Retention
+=========
+Apply reads a message again when it is handed out again or copied to the DLQ, and reads CKs
+from the revive topic; retention keeps both (:mod:`cluster.pop.hold`, part of
+``DiskService.needed_offset``), so every replica reads the same bytes. Never-handed-out
+messages are not held, as in RocketMQ. The revive topic ``%POP_REVIVE%`` is a system topic for
+producers (``cluster.reserved``): only the timer writes to it.
 
 Leader side (:mod:`cluster.pop.service`)
 =======================================
