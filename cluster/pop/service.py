@@ -269,13 +269,17 @@ class PopService:
         max_messages: int,
         invisible_ms: int,
         *,
+        queue: int | None = None,
         tags: Sequence[str] | None = None,
         max_reconsume_times: int | None = None,
     ) -> Future[list[Popped]]:
         """Hand out up to ``max_messages`` visible messages of ``topic`` to ``group``.
 
+        ``queue``: only that queue (a ``MessageQueue`` the client names); ``None`` (or the
+        protocol's ``-1``): every queue of the topic, starting at a rotating one.
         ``tags``: the subscription's tags (RocketMQ's ``TagA || TagB``); ``None`` for ``*``.
         Messages with other tags are passed over for this group for good, as RocketMQ does.
+        ``max_reconsume_times``: the group's limit, if not the node's.
         """
         queues = self._check_names(group, topic)
         if (
@@ -298,7 +302,12 @@ class PopService:
             )
         start = next(self._rr.setdefault((group, topic), itertools.count()))
         store = self.raftlog.store
-        order = [(start + i) % queues for i in range(min(queues, MAX_POP_QUEUES))]
+        if queue is None or queue == -1:
+            order = [(start + i) % queues for i in range(min(queues, MAX_POP_QUEUES))]
+        elif isinstance(queue, bool) or not isinstance(queue, int) or not 0 <= queue < queues:
+            raise PopError("bad_request", f"topic {topic} has queues 0..{queues - 1}", "queue")
+        else:
+            order = [queue]
         payload = {
             "op": "pop",
             "g": group,

@@ -287,3 +287,14 @@ def test_producers_may_not_write_to_the_revive_topic() -> None:
     with pytest.raises(ApiError) as info:
         reserved.check_user_topic(REVIVE_TOPIC)
     assert info.value.status == 400 and "pop checkpoints" in info.value.message
+
+
+def test_a_receive_may_name_one_queue(make: Any) -> None:
+    pg = make()
+    pg.produce("orders", 4)  # two per queue
+    got = pg.done(pg.pop.receive("g1", "orders", 8, INV, queue=1))
+    assert {p.queue for p in got} == {1} and len(got) == 2
+    assert len(pg.done(pg.pop.receive("g1", "orders", 8, INV, queue=-1))) == 2
+    with pytest.raises(PopError) as info:
+        pg.pop.receive("g1", "orders", 8, INV, queue=2)
+    assert info.value.field == "queue"
