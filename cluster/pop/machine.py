@@ -6,10 +6,11 @@ writes the CK timer messages and DLQ copies as derived records, and stores the s
 in one apply. Total: a payload or item that breaks a rule is answered ``invalid`` (counted,
 logged), never raised; only a fault of this node escapes.
 
-What apply reads of the store is the committed log: queue max offsets, the revive topic and,
-for a DLQ copy, the original record. It never uses this node's retention view (the queue's min
-offset differs between replicas while their retention runs at different moments): the leader
-carries its min offsets in the ``pop`` command.
+What apply reads of the store is the committed log: queue max offsets, ConsumeQueue units (tags
+codes, for a filter; ConsumeQueue files are never deleted), the revive topic and, for a DLQ
+copy, the original record (both kept by retention, :mod:`cluster.pop.hold`). It never uses this
+node's retention view (the queue's min offset differs between replicas while their retention
+runs at different moments): the leader carries its min offsets in the ``pop`` command.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ which the caller forwards as it does for produce). Every call validates at once 
 :class:`concurrent.futures.Future` of a typed answer, resolved once the command is committed
 and applied on this node (wrap it with ``asyncio.wrap_future`` and bound the wait: pysyncobj may
 never answer, and an unanswered receive only leaves its messages invisible until they revive).
+The answer is built by the thread that completes the commit (pysyncobj's, on a real node): for
+a receive that is reading at most :data:`~cluster.pop.state.MAX_POP_MESSAGES` records and
+signing their handles.
 
 * :meth:`PopService.receive` -> ``list[Popped]``: one ``pop`` command; the messages are read
   from this node's store once applied. Long polling is the caller's: call again when the topic
