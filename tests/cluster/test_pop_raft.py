@@ -18,6 +18,7 @@ from cluster.pop.service import Popped, PopService
 from raftlog.config import RaftConfig, RaftPeer
 from raftlog.errors import RaftLogError
 from raftlog.node import NewMessage, RaftLog
+from raftlog.store import Store
 from tests.raftlog._util import free_port, wait_until
 from tests.timer.test_service import config as timer_config
 from timer.service import TimerService
@@ -144,3 +145,68 @@ def test_a_failover_keeps_invisible_messages_and_old_handles_ack(trio: list[Node
         return len(digests) == 1 and len({n.pop.machine.digest() for n in live}) == 1
 
     wait_until(same, 10)
+
+
+def start_single(cfg: RaftConfig, root: Path) -> Node:
+    log = RaftLog(cfg, extensions=("timer", "pop"))
+    timer = TimerService(log, timer_config(), root / "timer")
+    pop = PopService(log, SECRET, leadership=timer.leadership)
+    timer.start()
+    pop.start()
+    return Node(log, timer, pop)
+
+
+def test_a_restart_from_a_snapshot_keeps_pop_state_and_old_handles(tmp_path: Path) -> None:
+    cfg = RaftConfig(
+        data_dir=str(tmp_path / "n"),
+        raft_address=f"127.0.0.1:{free_port()}",
+        fetch_address=f"127.0.0.1:{free_port()}",
+        raft_min_timeout_ms=100,
+        raft_max_timeout_ms=200,
+        append_entries_period_ms=20,
+        log_compaction_min_entries=10,
+        log_compaction_min_time_s=3600,
+    )
+    node = start_single(cfg, tmp_path)
+    nodes = [node]
+    try:
+        wait_until(lambda: node.log.is_leader, 15)
+        msgs = [NewMessage("orders", f"m{i}".encode(), queue_id=0) for i in range(3)]
+        node.log.append(msgs, creates={"orders": 1}).result(timeout=10)
+        got = call(nodes, "receive", "g1", "orders", 3, INV)
+        assert isinstance(got, list) and len(got) == 3
+        popped: list[Popped] = got
+        call(nodes, "ack", [popped[0].receipt_handle])
+        # Enough commands for a snapshot past the pop.
+        for _ in range(15):
+            node.log.append([NewMessage("other", b"x")], creates={"other": 1}).result(10)
+        snapshot = tmp_path / "n" / "raft" / "snapshot"
+        wait_until(snapshot.exists, 15, "a snapshot")
+        snap = Store.parse_snapshot(snapshot.read_bytes())
+        assert "pop/q/g1/orders/0" in snap["kv"]
+        digest = node.pop.machine.digest()
+        node.close()
+
+        node = start_single(cfg, tmp_path)
+        nodes[0] = node
+        wait_until(lambda: node.log.is_leader, 15)
+        wait_until(lambda: node.pop.machine.digest() == digest, 15, "the pop state back")
+        assert call(nodes, "receive", "g1", "orders", 3, INV) == []
+        acks = call(nodes, "ack", [popped[1].receipt_handle, popped[0].receipt_handle])
+        assert [a.status for a in acks] == [  # type: ignore[attr-defined]
+            AckStatus.ACKED,
+            AckStatus.ALREADY_ACKED,
+        ]
+        back: list[Popped] = []
+
+        def revived() -> bool:
+            got = call(nodes, "receive", "g1", "orders", 3, INV)
+            assert isinstance(got, list)
+            back.extend(got)
+            return bool(got)
+
+        wait_until(revived, 20, "the unacked message to come back")
+        assert [(p.offset, p.delivery_attempt) for p in back] == [(popped[2].offset, 2)]
+    finally:
+        for n in nodes:
+            n.close()
