@@ -77,6 +77,7 @@ def _timer(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | No
     from pathlib import Path
 
     from cluster.config import ConfigError
+    from cluster.pop.state import REVIVE_TOPIC
     from timer.errors import InvalidTimerConfig
     from timer.service import TimerService, timer_config_from
 
@@ -89,7 +90,9 @@ def _timer(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | No
         # Looked up per call: the ops logs may be attached to the broker after this runs.
         logs = getattr(broker, "logs", None)
         record = getattr(logs, "delivered_timer", None) if logs is not None else None
-        if record is not None:
+        # Pop checkpoints ride on the timer too; they are no user's timer messages.
+        items = [item for item in items if item[1] != REVIVE_TOPIC]
+        if record is not None and items:
             record(items, delivered_ms)
 
     def peer_urls() -> list[str]:
