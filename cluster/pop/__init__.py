@@ -29,6 +29,7 @@ module             owns
 ``service``        the leader's API (receive, ack, change_invisible, forward_to_dlq) and the
                    revive driver (leader-only work, one piece of :mod:`raftlog.leadership`).
 ``hold``           what retention must keep for pop (``cluster/disk.py`` asks it).
+``metrics``        Prometheus gauges: held messages, revive lag, what apply did.
 =================  =========================================================================
 
 Every node runs it: ``cluster/services.py`` starts a :class:`~cluster.pop.service.PopService`

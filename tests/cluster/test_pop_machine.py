@@ -298,3 +298,25 @@ def test_a_receive_may_name_one_queue(make: Any) -> None:
     with pytest.raises(PopError) as info:
         pg.pop.receive("g1", "orders", 8, INV, queue=2)
     assert info.value.field == "queue"
+
+
+def test_metrics_show_held_messages_and_what_apply_did(make: Any) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from cluster.pop.metrics import install_metrics
+
+    pg = make()
+    pg.produce("orders", 3)
+    a, _b, _c = pg.receive(3)
+    pg.done(pg.pop.ack([a.receipt_handle]))
+    registry = CollectorRegistry()
+    collectors: list[Any] = []
+    install_metrics(registry, collectors, pg.pop)
+    for collect in collectors:
+        collect()
+    value = registry.get_sample_value
+    assert value("chronomq_pop_held_messages", {"state": "inflight"}) == 2
+    assert value("chronomq_pop_held_messages", {"state": "revived"}) == 0
+    assert value("chronomq_pop_applied", {"what": "popped"}) == 3
+    assert value("chronomq_pop_applied", {"what": "ack"}) == 1
+    assert value("chronomq_pop_revive_behind") == 0
