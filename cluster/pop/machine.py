@@ -293,10 +293,10 @@ class PopMachine:
                         mrt,
                     )
                 )
-        touched.save()
         if cks:
             ctx.ensure_topic(tm.TIMER_TOPIC, 1)
             ctx.append(cks)  # counts as messages: wakes the timer driver
+        touched.save()  # last: a write that fails leaves the state as it was
         self.stats.add("popped", len(picked))
         return PopOutcome(tuple(picked))
 
@@ -337,11 +337,11 @@ class PopMachine:
                 if dead is not None:
                     extra.append(dead)
                 answers.append(ItemAnswer(AckStatus.ACKED, taken))
-        touched.save()
         if cks:
             ctx.ensure_topic(tm.TIMER_TOPIC, 1)
         if extra:
             ctx.append(extra)
+        touched.save()
         self.stats.add(op, sum(1 for a in answers if a.status is AckStatus.ACKED))
         return ItemsOutcome(tuple(answers))
 
@@ -400,13 +400,13 @@ class PopMachine:
         # Records of [start, end) that retention removed are skipped too (retention must keep
         # what pop still needs: see the package docstring).
         new_offset = end
-        touched.save()
-        ctx.kv_set(REVIVE_OFFSET_KEY, new_offset)
-        out.revive_offset = new_offset
         if ck_seq:
             ctx.ensure_topic(tm.TIMER_TOPIC, 1)
         if extra:
             ctx.append(extra)
+        touched.save()
+        ctx.kv_set(REVIVE_OFFSET_KEY, new_offset)
+        out.revive_offset = new_offset
         for name in ("revived", "rearmed", "dead", "stale", "malformed"):
             self.stats.add(name, getattr(out, name))
         return out
