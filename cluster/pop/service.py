@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final, TypeVar
 
+from cluster.pop import core
 from cluster.pop.core import AckStatus
 from cluster.pop.handle import Handle, HandleCodec
 from cluster.pop.machine import (
@@ -52,7 +53,6 @@ from cluster.pop.machine import (
     topic_problem,
 )
 from cluster.pop.state import (
-    MAX_HELD,
     MAX_INVISIBLE_MS,
     MAX_ITEMS_PER_COMMAND,
     MAX_POP_MESSAGES,
@@ -417,7 +417,7 @@ class PopService:
         for q in range(store.queue_count(topic) or 0):
             st = self.machine.queue_state(group, topic, q)
             lo, hi = store.min_offset(topic, q), store.max_offset(topic, q)
-            if any(o >= lo for o in st.revived) or (max(st.cursor, lo) < hi and st.held < MAX_HELD):
+            if core.visible(st, min_offset=lo, max_offset=hi):
                 return True
         return False
 

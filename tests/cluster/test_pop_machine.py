@@ -320,3 +320,13 @@ def test_metrics_show_held_messages_and_what_apply_did(make: Any) -> None:
     assert value("chronomq_pop_applied", {"what": "popped"}) == 3
     assert value("chronomq_pop_applied", {"what": "ack"}) == 1
     assert value("chronomq_pop_revive_behind") == 0
+
+
+def test_visible_says_whether_a_receive_could_hand_out_something(make: Any) -> None:
+    pg = make()
+    pg.produce("orders", 1, queues=1)
+    assert pg.pop.visible("g1", "orders")
+    (p,) = pg.receive(1)
+    assert not pg.pop.visible("g1", "orders")
+    pg.run(p.invisible_until_ms + 500)
+    assert pg.pop.visible("g1", "orders")
