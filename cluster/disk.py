@@ -16,6 +16,8 @@ What "still needed" means, lowest of:
   (:mod:`schedule.hold`);
 - the timer: the timer topic's unit at the replicated enqueue offset and the TimerLog records
   the replicated read cursor has not passed (:mod:`timer.hold`);
+- pop consumption: the messages a group holds (in flight or revived) and the revive topic's
+  CKs not read yet (:mod:`cluster.pop.hold`);
 - a restart: pysyncobj replays the journal from this node's last snapshot, and that replay
   reads what the state *then* needed. Each pass records ``(applied index, needed offset)``;
   a pass deletes only up to the offset recorded at or before the last snapshot's index
@@ -37,6 +39,7 @@ from typing import Any
 
 from cluster.config import NodeConfig
 from cluster.errors import ApiError
+from cluster.pop.hold import lowest_needed_offset as pop_needed
 from raftlog.chain import BLOCK_BYTES
 from raftlog.node import RaftLog
 from raftlog.retention import RetentionDecision, RetentionPolicy, SegmentInfo, plan_retention
@@ -202,6 +205,8 @@ class DiskService:
 
             units = self.store.read_units(TIMER_TOPIC, TIMER_QUEUE, 0, 1)
             lows.append(units[0].commitlog_offset if units else None)
+        if getattr(self.broker, "pop", None) is not None:
+            lows.append(pop_needed(self.store))
         found = [x for x in lows if x is not None]
         return min(found) if found else None
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from cluster.errors import bad_request
+from cluster.pop.state import REVIVE_TOPIC
 from raftlog import record
 from raftlog.applycheck import RecordRule
 from schedule import properties as schedule_props
@@ -45,17 +46,18 @@ RESERVED_PROPERTY_PREFIXES: Final = ("TIMER_",)
 
 
 def is_system_topic(topic: str) -> bool:
-    return topic == SCHEDULE_TOPIC or topic.startswith(SYSTEM_TOPIC_PREFIX)
+    return topic in (SCHEDULE_TOPIC, REVIVE_TOPIC) or topic.startswith(SYSTEM_TOPIC_PREFIX)
 
 
 def check_user_topic(topic: str, field: str = "topic") -> None:
     """Refuse a system topic as the target of a produce (400 naming ``field``)."""
     if is_system_topic(topic):
-        hint = (
-            "produce to the real topic with delay_level instead"
-            if topic == SCHEDULE_TOPIC
-            else "produce to the real topic with delay_ms or deliver_at_ms instead"
-        )
+        if topic == SCHEDULE_TOPIC:
+            hint = "produce to the real topic with delay_level instead"
+        elif topic == REVIVE_TOPIC:
+            hint = "only the timer writes pop checkpoints there"
+        else:
+            hint = "produce to the real topic with delay_ms or deliver_at_ms instead"
         raise bad_request(f"{topic} is a system topic, internal to the broker; {hint}", field)
 
 
@@ -72,9 +74,10 @@ def check_user_properties(properties: Mapping[str, str], field: str) -> None:
             )
 
 
-APPLY_EXTENSIONS: Final = ("timer",)
-"""Every apply extension a node of this cluster registers (``timer.machine.NAME``); a committed
-command for another name is rejected at apply instead of waiting for it."""
+APPLY_EXTENSIONS: Final = ("timer", "pop")
+"""Every apply extension a node of this cluster registers (``timer.machine.NAME``,
+``cluster.pop.machine.NAME``); a committed command for another name is rejected at apply
+instead of waiting for it."""
 
 
 def apply_rules() -> dict[str, RecordRule]:

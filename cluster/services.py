@@ -29,7 +29,7 @@ def start_services(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> list
     leadership = Leadership(now_ms=raftlog.clock.monotonic_ms)
     broker.leadership = leadership
     services: list[Service] = []
-    for build in (_schedule, _timer, _disk):
+    for build in (_schedule, _timer, _pop, _disk):
         service = build(config, raftlog, broker)
         if service is not None:
             service.start()
@@ -77,6 +77,7 @@ def _timer(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | No
     from pathlib import Path
 
     from cluster.config import ConfigError
+    from cluster.pop.state import REVIVE_TOPIC
     from timer.errors import InvalidTimerConfig
     from timer.service import TimerService, timer_config_from
 
@@ -89,7 +90,9 @@ def _timer(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | No
         # Looked up per call: the ops logs may be attached to the broker after this runs.
         logs = getattr(broker, "logs", None)
         record = getattr(logs, "delivered_timer", None) if logs is not None else None
-        if record is not None:
+        # Pop checkpoints ride on the timer too; they are no user's timer messages.
+        items = [item for item in items if item[1] != REVIVE_TOPIC]
+        if record is not None and items:
             record(items, delivered_ms)
 
     def peer_urls() -> list[str]:
@@ -109,6 +112,22 @@ def _timer(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | No
     )
     broker.timer = service
     broker.timer_hook = service.produce_hook
+    return service
+
+
+def _pop(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | None:
+    """RocketMQ 5 pop consumption (``cluster/pop``): its apply extension on every node, its
+    revive driver on the leader. Receipt handles are signed with the cluster secret."""
+    from cluster.pop.service import PopService
+
+    service = PopService(
+        raftlog,
+        config.cluster_secret_bytes or b"chronomq/no-cluster-secret",
+        max_reconsume_times=config.max_reconsume_times,
+        commit_timeout_ms=config.commit_timeout_ms,
+        leadership=broker.leadership,
+    )
+    broker.pop = service
     return service
 
 
