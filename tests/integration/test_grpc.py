@@ -7,7 +7,10 @@ deadline."""
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -24,6 +27,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc as spb_grpc
 
 from cluster.launcher import LocalCluster
 from tests.integration.conftest import dump_logs, wait_for
+from tests.test_readme_tour import README
 
 pytestmark = pytest.mark.integration
 
@@ -300,3 +304,23 @@ def _at_least(items: list[str], n: int) -> Any:
         return len(items) >= n
 
     return check
+
+
+def test_readme_example_runs(make_cluster: Any) -> None:
+    """The README's example, as written but for the endpoints."""
+    block = re.search(
+        r"<!-- grpc-example:start -->\n```python\n(.*?)```\n<!-- grpc-example:end -->",
+        README.read_text(),
+        re.S,
+    )
+    assert block is not None
+    written = "127.0.0.1:8180;127.0.0.1:8181;127.0.0.1:8182"
+    assert written in block.group(1)
+    cluster: LocalCluster = make_cluster()
+    cluster.wait_leader(30)
+    cluster.wait_all_know_leader(30)
+    code = block.group(1).replace(written, cluster.grpc_endpoints)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("stored ") and lines[1].startswith("recalled "), lines
