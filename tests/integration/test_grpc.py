@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -27,6 +28,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc as spb_grpc
 
 from cluster.launcher import LocalCluster
 from tests.integration.conftest import dump_logs, wait_for
+from tests.selfsigned import self_signed
 from tests.test_readme_tour import README
 
 pytestmark = pytest.mark.integration
@@ -324,3 +326,27 @@ def test_readme_example_runs(make_cluster: Any) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert lines[0].startswith("stored ") and lines[1].startswith("recalled "), lines
+
+
+async def test_tls_endpoint(make_cluster: Any, tmp_path: Path) -> None:
+    """With the HTTP API's certificate the endpoint speaks TLS only; a follower forwards a send
+    to the leader over HTTPS."""
+    cert, key = self_signed(tmp_path)
+    cluster: LocalCluster = make_cluster(tls_cert_file=str(cert), tls_key_file=str(key))
+    leader = cluster.wait_leader(60)
+    follower = next(i for i in range(cluster.n) if i != leader)
+    creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+    async with grpc.aio.secure_channel(cluster.grpc_address(follower), creds) as channel:
+        stub = spb_grpc.MessagingServiceStub(channel)
+
+        async def sent() -> Any:
+            answer = await stub.SendMessage(raw_send("tls", b"x", message_id="T1"), timeout=10)
+            return answer if answer.status.code == Code.OK else None
+
+        answer = await wait_for(sent, 30, "a send over TLS", cluster)
+        assert answer.entries[0].message_id == "T1"
+    async with grpc.aio.insecure_channel(cluster.grpc_address(follower)) as channel:
+        with pytest.raises(grpc.aio.AioRpcError):
+            await spb_grpc.MessagingServiceStub(channel).Heartbeat(
+                spb.HeartbeatRequest(), timeout=3
+            )
