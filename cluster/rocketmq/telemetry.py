@@ -3,7 +3,7 @@
 A client opens the stream and writes its ``Settings``; the server answers with the settings the
 client must use: for a producer the largest body (``max_message_size``) and its send retry
 policy, for a consumer the long-polling time (bounded by ``max_wait_ms``), the receive batch
-size and its redelivery back-off.
+size and its redelivery back-off (``max_reconsume_times`` + 1 deliveries of a message).
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ SEND_BACKOFF_MAX_MS: Final = 2_000
 DEFAULT_LONG_POLLING_MS: Final = 20_000
 """RocketMQ proxy's default longest long poll; bounded here by ``max_wait_ms``."""
 RECEIVE_BATCH_SIZE: Final = 32
-CONSUME_MAX_ATTEMPTS: Final = 17
-"""A consumer's deliveries of one message: the first and 16 retries, as RocketMQ."""
 
 
 def _duration_ms(ms: int) -> duration_pb2.Duration:
@@ -58,5 +56,6 @@ def server_settings(config: NodeConfig, client: pb.Settings) -> pb.Settings:
         out.subscription.long_polling_timeout.CopyFrom(_duration_ms(poll_ms))
         out.subscription.receive_batch_size = RECEIVE_BATCH_SIZE
         out.subscription.fifo = False
-        out.backoff_policy.CopyFrom(_exponential(CONSUME_MAX_ATTEMPTS, 1_000, 60_000))
+        attempts = int(config.max_reconsume_times) + 1
+        out.backoff_policy.CopyFrom(_exponential(attempts, 1_000, 60_000))
     return out

@@ -304,3 +304,4 @@ def test_server_settings() -> None:
     consumer.subscription.long_polling_timeout.seconds = 30
     out = telemetry.server_settings(config, consumer)
     assert out.subscription.long_polling_timeout.seconds == 5
+    assert out.backoff_policy.max_attempts == 17  # max_reconsume_times 16, plus the first

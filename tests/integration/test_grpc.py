@@ -174,6 +174,20 @@ async def test_producer_sends_timers_recalls_and_codes(make_cluster: Any) -> Non
     assert (first["tags"], first["keys"], first["properties"]["i"]) == ("t", ["k0"], "0")
     assert first["offset"] == receipts[0].offset
 
+    # The sends are in the ops latency lines the Spark report reads, as HTTP produces are.
+    def logged() -> int:
+        text = "".join(
+            f.read_text(errors="replace")
+            for i in range(cluster.n)
+            for f in cluster.node_dir(i).rglob("latency-*.jsonl")
+        )
+        return text.count(f'"topic":"{topic}"')
+
+    async def all_logged() -> bool:
+        return await asyncio.to_thread(logged) >= len(wanted)
+
+    await wait_for(all_logged, 30, "the gRPC sends in the latency logs", cluster)
+
     # The token: none, a wrong one, then the bearer form.
     target = cluster.grpc_address(2)
     async with grpc.aio.insecure_channel(target) as channel:
@@ -183,6 +197,10 @@ async def test_producer_sends_timers_recalls_and_codes(make_cluster: Any) -> Non
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await stub.QueryRoute(route, metadata=md, timeout=5)
             assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for _ in stub.Telemetry(iter([spb.TelemetryCommand()]), timeout=5):
+                pass
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
         auth = (("authorization", f"Bearer {TOKEN}"),)
         answer = await stub.QueryRoute(route, metadata=auth, timeout=5)
         assert answer.status.code == Code.OK
@@ -229,6 +247,7 @@ async def test_producer_sends_timers_recalls_and_codes(make_cluster: Any) -> Non
     )
     text = await asyncio.to_thread(lambda: urllib.request.urlopen(req, timeout=5).read().decode())
     assert 'chronomq_grpc_requests_total{code="UNAUTHENTICATED",rpc="QueryRoute"} 2.0' in text
+    assert 'chronomq_grpc_requests_total{code="UNAUTHENTICATED",rpc="Telemetry"} 1.0' in text
     assert 'chronomq_grpc_requests_total{code="ILLEGAL_TOPIC",rpc="SendMessage"} 2.0' in text
     assert "chronomq_grpc_request_seconds_bucket" in text
 
