@@ -2,7 +2,7 @@
 
 Every failure a gRPC call meets is one of our errors (an :class:`cluster.errors.ApiError`, a
 domain exception :func:`cluster.errors.from_exception` turns into one, or the JSON error body a
-leader answered a forwarded request with). The client never sees a bare gRPC failure: the
+leader answered a forwarded request with, raised again as an ``ApiError``). The client never sees a bare gRPC failure: the
 answer's ``Status`` carries the ``Code`` chosen here and our message (naming the field).
 
 The choice is by our error code first (:data:`BY_ERROR`), refined by the field for
@@ -151,18 +151,6 @@ def describe(error: str, message: str, field: str | None) -> str:
 def from_api_error(exc: ApiError) -> Failure:
     return Failure(
         code_for(exc.status, exc.code, exc.field), describe(exc.code, exc.message, exc.field)
-    )
-
-
-def from_json_error(http_status: int, body: object) -> Failure:
-    """A forwarded request's error answer (``{"error", "message", "field"}``) as a failure."""
-    if isinstance(body, dict) and isinstance(body.get("error"), str):
-        error = body["error"]
-        message = str(body.get("message") or "")
-        field = body.get("field") if isinstance(body.get("field"), str) else None
-        return Failure(code_for(http_status, error, field), describe(error, message, field))
-    return Failure(
-        code_for(http_status, ""), f"the leader answered HTTP {http_status} without an error body"
     )
 
 

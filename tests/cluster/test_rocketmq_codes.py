@@ -106,12 +106,6 @@ def test_unexpected_exception_is_none_and_message_names_code_and_field() -> None
     assert f.name == "ILLEGAL_MESSAGE_TAG"
 
 
-def test_forwarded_json_errors() -> None:
-    f = codes.from_json_error(404, {"error": "unknown_topic", "message": "m", "field": "topic"})
-    assert f.code == Code.TOPIC_NOT_FOUND
-    assert codes.from_json_error(503, b"<html>").code == Code.HA_NOT_AVAILABLE
-
-
 def test_official_client_raises_on_every_failure_code() -> None:
     """Every code we answer with makes the official client fail the call, never pass it."""
     for code in set(codes.BY_ERROR.values()) | set(codes.BY_HTTP_STATUS.values()):
