@@ -10,7 +10,11 @@ once, so the official clients' few attempts outlast a failover.
 
 Pop consumption (``ReceiveMessage``, ``AckMessage``, ``ChangeInvisibleDuration``,
 ``ForwardMessageToDeadLetterQueue``) and the offset RPCs answer ``NOT_IMPLEMENTED`` here;
-transactions and lite subscriptions ``UNSUPPORTED``.
+transactions and lite subscriptions ``UNSUPPORTED``. A consumption engine replaces those
+methods: unary ones wrapped in :func:`rpc` (raise an :class:`ApiError` or a domain error, get
+the protocol's Status), writes through :meth:`MessagingService._on_leader`; the ``message_id``
+a consumer sees is the stored ``UNIQ_KEY`` property (:data:`convert.UNIQ_KEY`), else our
+``msg_id``, so it matches the producer's receipt.
 """
 
 from __future__ import annotations
