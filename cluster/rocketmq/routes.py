@@ -1,7 +1,8 @@
 """Where the members serve gRPC, and a topic's route (``QueryRoute``, ``QueryAssignment``).
 
 A member's gRPC address is derived, not replicated: the host and port of its HTTP URL, the
-port moved by this node's own offset (``grpc_port - http_port``; 100 by default). Every node
+port moved by this node's own offset (``grpc_port - http_port``; 100 by default). This node
+names itself by its HTTP host, or its Raft host when HTTP binds every interface. Every node
 of a cluster started by ``chronomq cluster up`` (or configured alike) has the same offset.
 
 Each queue of a route names every live member (this node, and the peers its Raft connections
@@ -53,13 +54,28 @@ def grpc_address(http_url: str, offset: int) -> GrpcAddress | None:
     return GrpcAddress(u.host, u.port + offset)
 
 
+def _unspecified(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
+
+
+def own_address(config: NodeConfig) -> GrpcAddress:
+    """How clients reach this node: its HTTP host, or, when that binds every interface
+    (``0.0.0.0``, as in a container), its Raft host, the name its peers know it by."""
+    host = str(config.http_host)
+    if _unspecified(host):
+        host = str(config.raft_host)
+    return GrpcAddress(host, int(config.grpc_listen_port))
+
+
 def live_members(
     config: NodeConfig, peers: Sequence[Peer], connected: dict[str, bool]
 ) -> list[GrpcAddress]:
     """This node first, then the peers whose Raft connection is up (by id)."""
     offset = config.grpc_listen_port - config.http_port
-    me = grpc_address(config.http_url, offset)
-    out = [me] if me is not None else []
+    out = [own_address(config)]
     for p in sorted(peers, key=lambda p: p.id):
         if not connected.get(p.raft):
             continue

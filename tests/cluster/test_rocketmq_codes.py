@@ -278,6 +278,11 @@ def test_host_names_get_one_member_per_queue() -> None:
     assert all(len(q.broker.endpoints.addresses) == 1 for q in queues)
 
 
+def test_a_node_bound_to_every_interface_names_itself_by_its_raft_host() -> None:
+    config = node_config(http_host="0.0.0.0", raft_host="node0", allow_insecure=True)
+    assert routes.own_address(config) == routes.GrpcAddress("node0", 8180)
+
+
 def test_grpc_port_offset_follows_this_node() -> None:
     config = node_config(http_port=8080, grpc_port=7000)
     assert config.grpc_listen_port == 7000
