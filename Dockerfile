@@ -43,7 +43,7 @@ ENV PATH=/opt/chronomq/bin:$PATH \
 USER 10001:10001
 WORKDIR /data
 VOLUME ["/data"]
-EXPOSE 8080 9080 10080
+EXPOSE 8080 8180 9080 10080
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('CHRONOMQ_HTTP_PORT', '8080'), timeout=2)"]
 ENTRYPOINT ["chronomq"]

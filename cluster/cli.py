@@ -87,6 +87,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             http_port=args.http_port,
             raft_port=args.raft_port,
             settings=parse_sets(args.set),
+            grpc_port=args.grpc_port,
         )
         cluster.write_configs()
     except ConfigError as exc:
@@ -103,7 +104,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     cluster.start()
     for i in range(args.nodes):
         print(
-            f"node {i}  {cluster.http_url(i)}  raft 127.0.0.1:{args.raft_port + i}  log {cluster.node_dir(i) / 'node.log'}",
+            f"node {i}  {cluster.http_url(i)}  grpc {cluster.grpc_address(i)}  raft 127.0.0.1:{args.raft_port + i}  log {cluster.node_dir(i) / 'node.log'}",
             flush=True,
         )
     t0 = time.monotonic()
@@ -374,6 +375,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=9080,
         help="node i uses Raft port + i, and + 1000 for catch-up (default 9080)",
+    )
+    up.add_argument(
+        "--grpc-port",
+        type=int,
+        default=None,
+        help="node i serves the RocketMQ 5 gRPC endpoint on this port + i (default HTTP port + 100)",
     )
     up.add_argument(
         "--data-dir", default="./var", help="node i's files go to DATA_DIR/node-i (default ./var)"

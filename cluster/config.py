@@ -83,6 +83,30 @@ KEYS: tuple[Key, ...] = (
         max=65535,
     ),
     Key(
+        "grpc_host",
+        str,
+        "",
+        "Address the RocketMQ 5 gRPC endpoint binds to; empty means http_host.",
+    ),
+    Key(
+        "grpc_port",
+        int,
+        0,
+        "Port of the RocketMQ 5 gRPC endpoint (apache.rocketmq.v2.MessagingService); 0 means "
+        "http_port + 100. Other members' gRPC ports are derived the same way: their HTTP port "
+        "plus this node's offset (grpc_port - http_port).",
+        min=0,
+        max=65535,
+    ),
+    Key(
+        "grpc_max_concurrent_streams",
+        int,
+        1000,
+        "Most concurrent gRPC calls (streams) one client connection may have open.",
+        min=1,
+        max=100_000,
+    ),
+    Key(
         "peers",
         list,
         [],
@@ -424,7 +448,8 @@ KEYS: tuple[Key, ...] = (
         str,
         "",
         "Bearer token every HTTP route requires (but /healthz and /readyz, and /metrics when "
-        "metrics_public); empty disables. Prefer auth_token_file or CHRONOMQ_AUTH_TOKEN: a "
+        "metrics_public), and every gRPC call (as `authorization: Bearer <token>` metadata, or "
+        "a RocketMQ client's credentials with the token as secret key); empty disables. Prefer auth_token_file or CHRONOMQ_AUTH_TOKEN: a "
         "secret is never taken on a command line.",
         secret=True,
     ),
@@ -679,6 +704,8 @@ class NodeConfig:
         self._check_security()
         if self._values["raft_min_timeout_ms"] >= self._values["raft_max_timeout_ms"]:
             raise ConfigError("raft_max_timeout_ms", "must be greater than raft_min_timeout_ms")
+        if not self._values["grpc_port"] and self._values["http_port"] + 100 > 65535:
+            raise ConfigError("grpc_port", "set it: http_port + 100 is not a port")
         if self._values["raft_min_timeout_ms"] <= 3 * self._values["append_entries_period_ms"]:
             raise ConfigError(
                 "raft_min_timeout_ms", "must be more than 3 x append_entries_period_ms"
@@ -733,7 +760,11 @@ class NodeConfig:
             raise ConfigError(missing, "tls_cert_file and tls_key_file go together")
         if v["allow_insecure"]:
             return
-        exposed = [name for name in ("raft_host", "http_host") if not is_loopback_host(v[name])]
+        exposed = [
+            name
+            for name in ("raft_host", "http_host", "grpc_host")
+            if v[name] and not is_loopback_host(v[name])
+        ]
         if not exposed:
             return
         for key in ("cluster_secret", "auth_token"):
@@ -757,6 +788,15 @@ class NodeConfig:
     @property
     def fetch_address(self) -> str:
         return f"{self.raft_host}:{self.fetch_port or self.raft_port + 1000}"
+
+    @property
+    def grpc_listen_port(self) -> int:
+        """The gRPC endpoint's port: ``grpc_port``, or ``http_port + 100`` when it is 0."""
+        return int(self.grpc_port or self.http_port + 100)
+
+    @property
+    def grpc_bind_host(self) -> str:
+        return str(self.grpc_host or self.http_host)
 
     @property
     def http_url(self) -> str:

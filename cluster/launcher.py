@@ -1,7 +1,8 @@
 """Start, kill and restart local node processes: ``chronomq cluster up``, tests, benches, drills.
 
-Node ``i`` (0-based) serves HTTP on ``127.0.0.1:http_port+i``, Raft on ``raft_port+i`` and its
-catch-up channel on ``raft_port+i+1000``; its files live in ``data_dir/node-i``, its config in
+Node ``i`` (0-based) serves HTTP on ``127.0.0.1:http_port+i``, the RocketMQ 5 gRPC endpoint on
+``grpc_port+i`` (default ``http_port+100+i``), Raft on ``raft_port+i`` and its catch-up channel
+on ``raft_port+i+1000``; its files live in ``data_dir/node-i``, its config in
 ``node-i/node.toml`` and its log in ``node-i/node.log``.
 """
 
@@ -94,12 +95,14 @@ class LocalCluster:
         hosts: Sequence[str] | None = None,
         prefix: Callable[[int], list[str]] | None = None,
         node_env: Mapping[int, Mapping[str, str]] | None = None,
+        grpc_port: int | None = None,
     ) -> None:
         """``initial``: how many nodes form the cluster; later ones are configured to join it.
 
         ``hosts`` gives each node its own address (default 127.0.0.1 for all), ``prefix`` a
         command to start node ``i`` under (e.g. ``ip netns exec``), ``node_env`` extra
-        environment per node (e.g. libfaketime).
+        environment per node (e.g. libfaketime). ``grpc_port``: node ``i`` serves gRPC on
+        ``grpc_port + i`` (default: its HTTP port + 100).
         """
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
@@ -107,6 +110,7 @@ class LocalCluster:
         self.data_dir = Path(data_dir).absolute()
         self.http_port = http_port
         self.raft_port = raft_port
+        self.grpc_port = grpc_port if grpc_port is not None else http_port + 100
         self.settings = dict(settings or {})
         self.node_settings = {i: dict(s) for i, s in (node_settings or {}).items()}
         self.env = dict(env or {})
@@ -168,6 +172,15 @@ class LocalCluster:
         scheme = "https" if self._given("tls_cert_file") else "http"
         return f"{scheme}://{self.hosts[i]}:{self.http_port + i}"
 
+    def grpc_address(self, i: int) -> str:
+        """Node ``i``'s RocketMQ 5 gRPC endpoint, ``host:port``."""
+        return f"{self.hosts[i]}:{self.grpc_port + i}"
+
+    @property
+    def grpc_endpoints(self) -> str:
+        """Every node's gRPC endpoint, as the official clients take them (``a;b;c``)."""
+        return ";".join(self.grpc_address(i) for i in range(self.n))
+
     @property
     def urls(self) -> list[str]:
         return [self.http_url(i) for i in range(self.n)]
@@ -194,6 +207,7 @@ class LocalCluster:
             "raft_host": self.hosts[i],
             "raft_port": self.raft_port + i,
             "fetch_port": self.raft_port + i + 1000,
+            "grpc_port": self.grpc_port + i,
         }
         for name, value in {**self.settings, **self.node_settings.get(i, {})}.items():
             key = KEY_BY_NAME.get(name)

@@ -27,6 +27,7 @@ from cluster.fdbudget import FdBudget
 from cluster.httpconn import GuardedSite
 from cluster.nodelogs import NodeLogs
 from cluster.nodelogs import install_metrics as install_log_metrics
+from cluster.rocketmq.endpoint import GrpcEndpoint
 from cluster.services import close_services, start_services
 from cluster.stopping import StopSignals
 from raftlog.clock import SkewedClock
@@ -83,15 +84,27 @@ async def serve(
         raftlog.close()
         node_logs.close()
         return 2
+    grpc_endpoint = GrpcEndpoint(broker, app[METRICS].registry, app[METRICS].produced)
+    try:
+        await grpc_endpoint.start()
+    except (OSError, ConfigError) as exc:
+        log.error("cannot serve gRPC: %s", exc)
+        await runner.cleanup()
+        close_services(services)
+        raftlog.close()
+        node_logs.close()
+        return 2
     log.info(
-        "node %s serving HTTP on %s, Raft on %s; %s",
+        "node %s serving HTTP on %s, gRPC on %s, Raft on %s; %s",
         config.node_id,
         config.http_url,
+        grpc_endpoint.address,
         config.raft_address,
         budget.describe(),
     )
     await stop.wait()
     log.info("stopping: finishing in-flight requests")
+    await grpc_endpoint.stop()
     await runner.cleanup()
     await asyncio.to_thread(close_services, services)
     await asyncio.to_thread(raftlog.close)

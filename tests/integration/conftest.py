@@ -37,6 +37,7 @@ def free_port_base(nodes: int, rng: random.Random) -> tuple[int, int]:
         raft = rng.randrange(20000, 31000)
         ports = (
             [http + i for i in range(nodes)]
+            + [http + 100 + i for i in range(nodes)]  # gRPC: HTTP + 100 by default
             + [raft + i for i in range(nodes)]
             + [raft + 1000 + i for i in range(nodes)]
         )

@@ -1,0 +1,13 @@
+"""The RocketMQ 5 gRPC endpoint: ``apache.rocketmq.v2.MessagingService`` on every node.
+
+The protocol's messages come from the ``rocketmq-python-client`` package
+(``rocketmq.grpc_protocol``); nothing here copies its ``.proto`` files. Modules, lowest first:
+
+- :mod:`cluster.rocketmq.codes`: our errors (``ApiError`` codes, HTTP statuses) to the protocol's
+  ``Code`` values;
+- :mod:`cluster.rocketmq.credentials`: the ``auth_token`` check on a call's metadata;
+- :mod:`cluster.rocketmq.convert`: a ``SendMessageRequest`` to our produce request, and back;
+- :mod:`cluster.rocketmq.routes`: the members' gRPC addresses and a topic's route;
+- :mod:`cluster.rocketmq.service`: the servicer (thin handlers that call into the broker);
+- :mod:`cluster.rocketmq.endpoint`: the grpcio asyncio server, its limits, TLS and metrics.
+"""

@@ -1,0 +1,306 @@
+"""Our errors as the RocketMQ 5 protocol's codes, and the pure parts of the gRPC endpoint:
+send requests as produce requests, recall handles, credentials, routes and settings."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import hmac
+import pathlib
+import re
+from typing import Any
+
+import pytest
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as spb
+from rocketmq.v5.util.messaging_result_checker import MessagingResultChecker
+
+from cluster.config import NodeConfig, Peer, load
+from cluster.errors import ApiError
+from cluster.rocketmq import codes, convert, credentials, routes, telemetry
+from raftlog import errors as rl
+from timer.errors import DelayTooLong, SlotCongested
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+Code = pb.Code
+
+
+def raised_error_codes() -> set[str]:
+    """Every error code our packages raise (ApiError literals and error classes' codes)."""
+    found: set[str] = set()
+    for package in ("cluster", "raftlog", "schedule", "timer"):
+        for path in (ROOT / package).rglob("*.py"):
+            text = path.read_text()
+            found |= set(re.findall(r'ApiError\(\s*\d{3},\s*"([a-z_]+)"', text))
+            found |= set(re.findall(r'^\s+code(?:: str)? = "([a-z_]+)"', text, re.M))
+            found |= set(re.findall(r'code="([a-z_]+)"', text))
+    return found
+
+
+def test_every_error_code_we_raise_has_a_protocol_code() -> None:
+    found = raised_error_codes()
+    assert len(found) > 30  # the scan sees the code base
+    assert sorted(found - set(codes.BY_ERROR)) == []
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "field", "expected"),
+    [
+        (400, "invalid_input", "topic", Code.ILLEGAL_TOPIC),
+        (
+            400,
+            "invalid_input",
+            "messages[0].properties.REAL_TOPIC",
+            Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
+        ),
+        (400, "invalid_input", "messages[1].keys", Code.ILLEGAL_MESSAGE_KEY),
+        (400, "invalid_input", "messages[0].tags", Code.ILLEGAL_MESSAGE_TAG),
+        (400, "invalid_input", "messages", Code.BAD_REQUEST),
+        (413, "message_too_large", "messages[0].body", Code.MESSAGE_BODY_TOO_LARGE),
+        (400, "timer_delay_too_long", None, Code.ILLEGAL_DELIVERY_TIME),
+        (400, "invalid_delay_level", None, Code.ILLEGAL_DELIVERY_TIME),
+        (429, "overloaded", None, Code.TOO_MANY_REQUESTS),
+        (429, "timer_slot_congested", None, Code.TOO_MANY_REQUESTS),
+        (507, "disk_full", None, Code.TOO_MANY_REQUESTS),
+        (404, "unknown_topic", "topic", Code.TOPIC_NOT_FOUND),
+        (401, "unauthorized", None, Code.UNAUTHORIZED),
+        (503, "no_leader", None, Code.HA_NOT_AVAILABLE),
+        (503, "commit_timeout", None, Code.MASTER_PERSISTENCE_TIMEOUT),
+        (422, "idempotency_key_reused", None, Code.ILLEGAL_MESSAGE_ID),
+        (400, "unsupported", None, Code.UNSUPPORTED),
+        # Not in the table: by HTTP status.
+        (404, "something_new", None, Code.NOT_FOUND),
+        (418, "something_new", None, Code.BAD_REQUEST),
+        (502, "something_new", None, Code.INTERNAL_ERROR),
+    ],
+)
+def test_code_for(status: int, error: str, field: str | None, expected: int) -> None:
+    assert codes.code_for(status, error, field) == expected
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (rl.MessageTooLarge("too big", "body"), Code.MESSAGE_BODY_TOO_LARGE),
+        (rl.UnknownTopic("no such topic", "topic"), Code.TOPIC_NOT_FOUND),
+        (rl.Overloaded("busy"), Code.TOO_MANY_REQUESTS),
+        (rl.NotLeader("not me"), Code.HA_NOT_AVAILABLE),
+        (TimeoutError(), Code.MASTER_PERSISTENCE_TIMEOUT),
+        (DelayTooLong("a year and a day", field="deliver_at_ms"), Code.ILLEGAL_DELIVERY_TIME),
+        (
+            SlotCongested("full", slot_ms=0, count=2, limit=1, field="deliver_at_ms"),
+            Code.TOO_MANY_REQUESTS,
+        ),
+    ],
+)
+def test_domain_exceptions(exc: BaseException, expected: int) -> None:
+    failure = codes.from_exception_or_none(exc)
+    assert failure is not None and failure.code == expected
+
+
+def test_unexpected_exception_is_none_and_message_names_code_and_field() -> None:
+    assert codes.from_exception_or_none(KeyError("x")) is None
+    f = codes.from_api_error(ApiError(400, "invalid_input", "bad tag", "messages[0].tags"))
+    assert f.code == Code.ILLEGAL_MESSAGE_TAG
+    assert f.message == "invalid_input: bad tag [messages[0].tags]"
+    assert f.name == "ILLEGAL_MESSAGE_TAG"
+
+
+def test_official_client_raises_on_every_failure_code() -> None:
+    """Every code we answer with makes the official client fail the call, never pass it."""
+    for code in set(codes.BY_ERROR.values()) | set(codes.BY_HTTP_STATUS.values()):
+        with pytest.raises(Exception):  # noqa: B017 - the client's own exception types
+            MessagingResultChecker.check(pb.Status(code=code, message="x"))
+
+
+# ---------------------------------------------------------------------- convert
+
+
+def send_request(**sp: Any) -> spb.SendMessageRequest:
+    props = sp.pop("user_properties", {})
+    body = sp.pop("body", b"hello")
+    req = spb.SendMessageRequest()
+    m = req.messages.add()
+    m.topic.name = sp.pop("topic", "orders")
+    m.body = body
+    m.user_properties.update(props)
+    for k, v in sp.items():
+        if k == "keys":
+            m.system_properties.keys.extend(v)
+        elif k == "delivery_timestamp":
+            m.system_properties.delivery_timestamp.seconds = v // 1000
+            m.system_properties.delivery_timestamp.nanos = (v % 1000) * 1_000_000
+        else:
+            setattr(m.system_properties, k, v)
+    return req
+
+
+def test_normal_message() -> None:
+    req = send_request(message_id="01AB", tag="t", keys=["k1", "k2"], user_properties={"a": "b"})
+    p = convert.produce_request(req, 1024)
+    assert p.topic == "orders"
+    assert p.messages == (
+        {
+            "body_base64": "aGVsbG8=",
+            "properties": {"a": "b", "UNIQ_KEY": "01AB"},
+            "tags": "t",
+            "keys": ["k1", "k2"],
+        },
+    )
+    assert p.idempotency_key == "rmq5:01AB"
+    assert p.client_ids == ("01AB",)
+
+
+def test_retry_of_the_same_message_is_the_same_request() -> None:
+    """Born time and host change per attempt; nothing of them reaches the produce request."""
+    a = send_request(message_id="X1", born_host="10.0.0.1")
+    b = send_request(message_id="X1", born_host="10.0.0.2")
+    a.messages[0].system_properties.born_timestamp.seconds = 1
+    b.messages[0].system_properties.born_timestamp.seconds = 2
+    assert convert.produce_request(a, 1024) == convert.produce_request(b, 1024)
+
+
+def test_delivery_timestamp_and_delay_property() -> None:
+    p = convert.produce_request(send_request(delivery_timestamp=1_700_000_000_123), 1024)
+    assert p.messages[0]["deliver_at_ms"] == 1_700_000_000_123
+    p = convert.produce_request(send_request(user_properties={"DELAY": "3"}), 1024)
+    assert p.messages[0]["delay_level"] == 3 and "properties" not in p.messages[0]
+    assert p.idempotency_key is None  # no message id: no key
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "code"),
+    [
+        ({"message_group": "g"}, "unsupported", Code.UNSUPPORTED),
+        ({"message_type": pb.MessageType.TRANSACTION}, "unsupported", Code.UNSUPPORTED),
+        ({"user_properties": {"DELAY": "x"}}, "invalid_delay_level", Code.ILLEGAL_DELIVERY_TIME),
+        ({"body": b""}, "message_body_empty", Code.MESSAGE_BODY_EMPTY),
+        ({"topic": "bad topic"}, "invalid_input", Code.ILLEGAL_TOPIC),
+        ({"message_id": "has space"}, "illegal_message_id", Code.ILLEGAL_MESSAGE_ID),
+        (
+            {"delivery_timestamp": 5, "user_properties": {"DELAY": "1"}},
+            "invalid_input",
+            Code.BAD_REQUEST,
+        ),
+    ],
+)
+def test_refused_sends(kwargs: dict[str, Any], error: str, code: int) -> None:
+    with pytest.raises((ApiError, rl.InvalidInput)) as info:
+        convert.produce_request(send_request(**kwargs), 1024)
+    failure = codes.from_exception_or_none(info.value)
+    assert failure is not None
+    assert failure.message.startswith(error) and failure.code == code
+
+
+def test_gzip_body_is_inflated_within_the_limit() -> None:
+    body = b"x" * 2000
+    req = send_request(body=gzip.compress(body), body_encoding=pb.Encoding.GZIP)
+    assert convert.produce_request(req, 4096).messages[0]["body_base64"].startswith("eHh4")
+    with pytest.raises(ApiError) as info:
+        convert.produce_request(req, 1000)
+    assert info.value.code == "message_too_large"
+
+
+def test_batch_key_and_mixed_topics() -> None:
+    req = send_request(message_id="A")
+    m = req.messages.add()
+    m.topic.name = "orders"
+    m.body = b"2"
+    m.system_properties.message_id = "B"
+    p = convert.produce_request(req, 1024)
+    assert p.idempotency_key is not None and p.idempotency_key.startswith("rmq5:batch:")
+    m.topic.name = "other"
+    with pytest.raises(ApiError):
+        convert.produce_request(req, 1024)
+
+
+def test_recall_handle_round_trip() -> None:
+    h = convert.recall_handle("01A210D02858778E67DBBD0A351432AB", "0102FC")
+    assert convert.parse_recall_handle(h) == ("01A210D02858778E67DBBD0A351432AB", "0102FC")
+    for bad in ("", "c1.xyz.1", "01A210D02858778E67DBBD0A351432AB", "c1." + "A" * 300):
+        with pytest.raises(ApiError):
+            convert.parse_recall_handle(bad)
+
+
+# ---------------------------------------------------------------------- credentials
+
+
+def test_bearer_and_client_signature() -> None:
+    token = b"s3cret-token"
+    assert credentials.call_is_authorized(None, b"")
+    assert credentials.call_is_authorized((("authorization", "Bearer s3cret-token"),), token)
+    assert not credentials.call_is_authorized((("authorization", "Bearer nope"),), token)
+    assert not credentials.call_is_authorized((), token)
+    date = "20261125T034500Z"
+    sig = hmac.new(token, date.encode(), hashlib.sha1).hexdigest()
+    md = (
+        ("x-mq-date-time", date),
+        (
+            "authorization",
+            f"MQv2-HMAC-SHA1 Credential=ak, SignedHeaders=x-mq-date-time, Signature={sig}",
+        ),
+    )
+    assert credentials.call_is_authorized(md, token)
+    assert not credentials.call_is_authorized(md, b"another-token")
+    assert not credentials.call_is_authorized(md[1:], token)  # no date: nothing was signed
+
+
+# ---------------------------------------------------------------------- routes and settings
+
+
+def node_config(**values: Any) -> NodeConfig:
+    return load(overrides=values, environ={})
+
+
+def test_members_and_route() -> None:
+    config = node_config(http_port=8080)
+    peers = [
+        Peer(1, "127.0.0.1:9081", "http://127.0.0.1:8081", ""),
+        Peer(2, "127.0.0.1:9082", "http://127.0.0.1:8082", ""),
+    ]
+    members = routes.live_members(config, peers, {"127.0.0.1:9081": True, "127.0.0.1:9082": False})
+    assert [(m.host, m.port) for m in members] == [("127.0.0.1", 8180), ("127.0.0.1", 8181)]
+    queues = routes.message_queues(pb.Resource(name="orders"), 4, members)
+    assert [q.id for q in queues] == [0, 1, 2, 3]
+    assert all(len(q.broker.endpoints.addresses) == 2 for q in queues)
+    assert queues[0].permission == pb.Permission.READ_WRITE
+    assert queues[0].broker.endpoints.scheme == pb.AddressScheme.IPv4
+
+
+def test_host_names_get_one_member_per_queue() -> None:
+    members = [routes.GrpcAddress("a.example", 8180), routes.GrpcAddress("b.example", 8180)]
+    queues = routes.message_queues(pb.Resource(name="t"), 3, members)
+    assert [q.broker.endpoints.addresses[0].host for q in queues] == [
+        "a.example",
+        "b.example",
+        "a.example",
+    ]
+    assert all(len(q.broker.endpoints.addresses) == 1 for q in queues)
+
+
+def test_a_node_bound_to_every_interface_names_itself_by_its_raft_host() -> None:
+    config = node_config(http_host="0.0.0.0", raft_host="node0", allow_insecure=True)
+    assert routes.own_address(config) == routes.GrpcAddress("node0", 8180)
+
+
+def test_grpc_port_offset_follows_this_node() -> None:
+    config = node_config(http_port=8080, grpc_port=7000)
+    assert config.grpc_listen_port == 7000
+    peers = [Peer(1, "h:1", "http://127.0.0.1:8081", "")]
+    members = routes.live_members(config, peers, {"h:1": True})
+    assert [m.port for m in members] == [7000, 7001]
+
+
+def test_server_settings() -> None:
+    config = node_config(max_message_size=1000, max_wait_ms=5000)
+    producer = pb.Settings(
+        client_type=pb.ClientType.PRODUCER, publishing=pb.Publishing(max_body_size=1 << 27)
+    )
+    out = telemetry.server_settings(config, producer)
+    assert out.publishing.max_body_size == 1000
+    assert out.backoff_policy.max_attempts == telemetry.SEND_MAX_ATTEMPTS
+    consumer = pb.Settings(client_type=pb.ClientType.SIMPLE_CONSUMER)
+    consumer.subscription.long_polling_timeout.seconds = 30
+    out = telemetry.server_settings(config, consumer)
+    assert out.subscription.long_polling_timeout.seconds == 5
+    assert out.backoff_policy.max_attempts == 17  # max_reconsume_times 16, plus the first
