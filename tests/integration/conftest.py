@@ -121,3 +121,20 @@ async def wait_for(
         await asyncio.sleep(0.05)
     logs = f"\n{dump_logs(cluster)}" if cluster is not None else ""
     raise AssertionError(f"{what} not within {timeout_s} s{logs}")
+
+
+async def pull_applied(
+    client: Any, topic: str, queue: int, offset: int, max_messages: int, **kw: Any
+) -> list[dict[str, Any]]:
+    """The messages a pull returns, or none while the node asked (any node: a follower) has
+    not applied the topic's creation yet (404 ``unknown_topic``): for ``wait_for`` loops that
+    read right after a write created the topic."""
+    from cluster.client import ClientError
+
+    try:
+        page = await client.pull(topic, queue, offset, max_messages, **kw)
+    except ClientError as exc:
+        if exc.status == 404:
+            return []
+        raise
+    return list(page["messages"])

@@ -15,7 +15,7 @@ import pytest
 
 from cluster.client import Client, ClientError
 from cluster.launcher import LocalCluster
-from tests.integration.conftest import wait_for
+from tests.integration.conftest import pull_applied, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -32,8 +32,8 @@ async def check_healthy(cluster: LocalCluster, client: Client, topic: str) -> No
     sent = await client.send(topic, "after the probe", queue=0)
 
     async def readable() -> bool:
-        page = await client.pull(topic, 0, sent["offset"], 1)
-        return [m["body"] for m in page["messages"]] == ["after the probe"]
+        got = await pull_applied(client, topic, 0, sent["offset"], 1)
+        return [m["body"] for m in got] == ["after the probe"]
 
     await wait_for(readable, 30, "a produce and a consume after the probe", cluster)
     await asyncio.to_thread(cluster.wait_converged, 60)
@@ -57,8 +57,8 @@ def test_a_delayed_message_to_a_missing_topic_gets_404_without_auto_create(
             assert sent["delay_level"] == 1
 
             async def delivered() -> bool:
-                page = await client.pull("real", 1, 0, 10)
-                return [m["body"] for m in page["messages"]] == ["late"]
+                got = await pull_applied(client, "real", 1, 0, 10)
+                return [m["body"] for m in got] == ["late"]
 
             await wait_for(delivered, 30, "the delayed message delivered", cluster)
             await check_healthy(cluster, client, "real")

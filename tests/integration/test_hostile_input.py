@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from cluster.client import Client
-from tests.integration.conftest import wait_for
+from tests.integration.conftest import pull_applied, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -93,8 +93,8 @@ def test_reserved_topics_and_properties_are_refused_and_the_cluster_keeps_servin
             placed = await client.send("orders", "still here", queue=0)
 
             async def consumed() -> bool:
-                page = await client.pull("orders", 0, placed["offset"], 1)
-                return [m["body"] for m in page["messages"]] == ["still here"]
+                got = await pull_applied(client, "orders", 0, placed["offset"], 1)
+                return [m["body"] for m in got] == ["still here"]
 
             await wait_for(consumed, 10, "the message after the probes")
         assert all(cluster.alive(i) for i in range(3))
@@ -171,9 +171,12 @@ def test_an_idempotency_key_is_scoped_to_its_topic(make_cluster: Any) -> None:
         assert again["results"] == first["results"]
         assert other["results"][0]["topic"] == "b"
         async with Client(cluster.urls) as client:
-            page = await client.pull("b", 0, 0, 10)
-            assert [m["body"] for m in page["messages"]] == ["second"]
-            page = await client.pull("a", 0, 0, 10)
-            assert [m["body"] for m in page["messages"]] == ["first"]
+            for topic, body in (("b", "second"), ("a", "first")):
+
+                async def stored(topic: str = topic) -> list[dict[str, Any]]:
+                    return await pull_applied(client, topic, 0, 0, 10)
+
+                got = await wait_for(stored, 10, f"the message in {topic}", cluster)
+                assert [m["body"] for m in got] == [body]
 
     asyncio.run(go())

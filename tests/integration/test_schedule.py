@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from cluster.client import Client, ClientError
-from tests.integration.conftest import wait_for
+from tests.integration.conftest import pull_applied, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -188,15 +188,7 @@ def test_sixteen_retries_then_the_dead_letter_queue(make_cluster: Any) -> None:
                 assert again["duplicate"] is True  # the same send-back twice re-enqueues once
 
                 async def redelivered(at: int = retry_offset) -> list[dict[str, Any]]:
-                    # The node asked may not have applied the retry topic's creation yet
-                    # (404 unknown_topic until it has): wait for it rather than fail.
-                    try:
-                        page = await client.pull(retry_topic, 0, at, 10, wait_ms=500)
-                    except ClientError as exc:
-                        if exc.status == 404:
-                            return []
-                        raise
-                    return list(page["messages"])
+                    return await pull_applied(client, retry_topic, 0, at, 10, wait_ms=500)
 
                 got = await wait_for(redelivered, 10, f"retry {n + 1} redelivered", cluster)
                 assert len(got) == 1
@@ -211,15 +203,7 @@ def test_sixteen_retries_then_the_dead_letter_queue(make_cluster: Any) -> None:
             assert dead["target"] == "dlq" and dead["topic"] == f"%DLQ%{group}"
 
             async def dead_lettered() -> list[dict[str, Any]]:
-                # The node asked may be a follower that has not applied the DLQ write yet
-                # (404 unknown_topic until it has): wait for it rather than read once.
-                try:
-                    page = await client.pull(f"%DLQ%{group}", 0, 0, 10)
-                except ClientError as exc:
-                    if exc.status == 404:
-                        return []
-                    raise
-                return list(page["messages"])
+                return await pull_applied(client, f"%DLQ%{group}", 0, 0, 10)
 
             got = await wait_for(dead_lettered, 10, "the message in the DLQ", cluster)
             assert len(got) == 1
