@@ -20,7 +20,9 @@ def _listening(pid: int) -> set[str]:
     found = set()
     for line in out.splitlines():
         if re.search(rf"pid={pid},", line):
-            found.add(line.split()[3])
+            # grpcio binds an IPv4 address on a dual-stack socket: [::ffff:127.0.0.1]:port is
+            # 127.0.0.1:port, reachable through that address only.
+            found.add(re.sub(r"^\[::ffff:([0-9.]+)\]", r"\1", line.split()[3]))
     return found
 
 
@@ -33,5 +35,6 @@ def test_every_listener_binds_the_configured_host(make_cluster: Any) -> None:
             f"127.0.0.1:{cluster.http_port + i}",
             f"127.0.0.1:{cluster.raft_port + i}",
             f"127.0.0.1:{cluster.raft_port + i + 1000}",
+            cluster.grpc_address(i),
         }
         assert _listening(cluster.procs[i].pid) == expected, f"node {i}"
