@@ -67,7 +67,7 @@ from typing import Any
 
 from raftlog import record
 from raftlog.errors import InvalidInput, RaftLogError, UnknownQueue, UnknownTopic
-from raftlog.leadership import Leadership, Piece, TermToken
+from raftlog.leadership import Leadership, Piece, TermToken, drive
 from raftlog.node import NewMessage, RaftLog
 from raftlog.store import ApplyResult
 from timer import message as tm
@@ -254,21 +254,13 @@ class TimerService:
     # ------------------------------------------------------------------ driver
 
     def _run(self) -> None:
-        timeout = 0.0
         try:
-            while not self._stop.is_set():
-                self._wake.wait(timeout)
-                self._wake.clear()
-                if self._stop.is_set():
-                    return
-                try:
-                    timeout = self.step()
-                except Exception:
-                    log.exception("timer driver step failed; retrying")
-                    self._resync = True
-                    timeout = 0.2
+            drive(self._stop, self._wake, self.step, self._step_failed, "timer driver")
         finally:
             self._leave_term()
+
+    def _step_failed(self) -> None:
+        self._resync = True
 
     def _notify_observer(self) -> None:
         while self.machine.observed:

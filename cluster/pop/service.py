@@ -64,7 +64,7 @@ from cluster.pop.state import (
 )
 from raftlog import record
 from raftlog.errors import RaftLogError
-from raftlog.leadership import Leadership, Piece, TermToken
+from raftlog.leadership import Leadership, Piece, TermToken, drive
 from raftlog.node import RaftLog
 from raftlog.store import ApplyResult
 
@@ -506,18 +506,10 @@ class PopService:
         return 0.0
 
     def _run(self) -> None:
-        timeout = 0.0
         try:
-            while not self._stop.is_set():
-                self._wake.wait(timeout)
-                self._wake.clear()
-                if self._stop.is_set():
-                    return
-                try:
-                    timeout = self.step()
-                except Exception:
-                    log.exception("pop revive driver step failed; retrying")
-                    self._inflight = None
-                    timeout = 0.2
+            drive(self._stop, self._wake, self.step, self._step_failed, "pop revive driver")
         finally:
             self._leave_term()
+
+    def _step_failed(self) -> None:
+        self._inflight = None
