@@ -15,11 +15,11 @@ import pytest
 
 from cluster.pop.core import AckStatus
 from cluster.pop.service import Popped, PopService
-from raftlog.config import RaftConfig, RaftPeer
+from raftlog.config import RaftConfig
 from raftlog.errors import RaftLogError
 from raftlog.node import NewMessage, RaftLog
 from raftlog.store import Store
-from tests.raftlog._util import free_port, wait_until
+from tests.raftlog._util import free_port, trio_configs, wait_until
 from tests.timer.test_service import config as timer_config
 from timer.service import TimerService
 
@@ -45,21 +45,9 @@ class Node:
 
 @pytest.fixture
 def trio(tmp_path: Path) -> Iterator[list[Node]]:
-    raft = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-    fetch = [f"127.0.0.1:{free_port()}" for _ in range(3)]
     nodes: list[Node] = []
     try:
-        for i in range(3):
-            cfg = RaftConfig(
-                data_dir=str(tmp_path / f"n{i}"),
-                raft_address=raft[i],
-                fetch_address=fetch[i],
-                peers=tuple(RaftPeer(raft[j], fetch[j]) for j in range(3) if j != i),
-                raft_min_timeout_ms=400,
-                raft_max_timeout_ms=800,
-                append_entries_period_ms=20,
-                leader_lease_ms=1_000,
-            )
+        for i, cfg in enumerate(trio_configs(tmp_path)):
             log = RaftLog(cfg, extensions=("timer", "pop"))
             timer = TimerService(log, timer_config(), tmp_path / f"n{i}" / "timer")
             pop = PopService(log, SECRET, leadership=timer.leadership)

@@ -8,9 +8,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from raftlog import command as cmdcodec
 from raftlog import record
+from raftlog.config import RaftConfig, RaftPeer
 
 STORE_MS = 1_700_000_000_000
 
@@ -124,3 +126,27 @@ def segment_files(directory: Path) -> list[Path]:
 
 def file_size(path: Path) -> int:
     return os.stat(path).st_size
+
+
+def trio_configs(base: Path, **over: Any) -> list[RaftConfig]:
+    """Configs of a three-node group on loopback, data under ``base/n<i>``, with elections
+    fast enough for in-process tests."""
+    raft = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    fetch = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    fields: dict[str, Any] = {
+        "raft_min_timeout_ms": 400,
+        "raft_max_timeout_ms": 800,
+        "append_entries_period_ms": 20,
+        "leader_lease_ms": 1_000,
+        **over,
+    }
+    return [
+        RaftConfig(
+            data_dir=str(base / f"n{i}"),
+            raft_address=raft[i],
+            fetch_address=fetch[i],
+            peers=tuple(RaftPeer(raft[j], fetch[j]) for j in range(3) if j != i),
+            **fields,
+        )
+        for i in range(3)
+    ]

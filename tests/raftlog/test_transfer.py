@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from pysyncobj.transport import TCPTransport
 
-from raftlog.config import RaftConfig, RaftPeer
 from raftlog.errors import NotLeader
 from raftlog.node import NewMessage, RaftLog
 from raftlog.transfer import (
@@ -29,7 +28,7 @@ from raftlog.transfer import (
     transfer_leadership,
 )
 
-from ._util import free_port, wait_until
+from ._util import trio_configs, wait_until
 
 ME = "10.0.0.1:1"
 T = "10.0.0.2:1"  # the target
@@ -268,21 +267,7 @@ def test_random_views_always_end_within_the_deadline_and_hold_only_while_handing
 
 @pytest.fixture
 def trio(tmp_path: Path) -> Iterator[list[RaftLog]]:
-    raft = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-    fetch = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-    nodes = []
-    for i in range(3):
-        cfg = RaftConfig(
-            data_dir=str(tmp_path / f"n{i}"),
-            raft_address=raft[i],
-            fetch_address=fetch[i],
-            peers=tuple(RaftPeer(raft[j], fetch[j]) for j in range(3) if j != i),
-            raft_min_timeout_ms=400,
-            raft_max_timeout_ms=800,
-            append_entries_period_ms=20,
-            leader_lease_ms=1_000,
-        )
-        nodes.append(RaftLog(cfg))
+    nodes = [RaftLog(cfg) for cfg in trio_configs(tmp_path)]
     try:
         yield nodes
     finally:
