@@ -779,10 +779,11 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/readyz", readyz)
     r.add_get("/metrics", metrics)
     r.add_get("/openapi.json", openapi)
-    from cluster import api_schedule, api_timer
+    from cluster import api_pop, api_schedule, api_timer
 
     api_schedule.add_routes(app)
     api_timer.add_routes(app)
+    api_pop.add_routes(app)
 
 
 def create_app(broker: Broker) -> web.Application:

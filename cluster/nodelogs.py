@@ -16,7 +16,8 @@ reads it as one tree. What is written, by whom:
 - ``latency``: ``stored`` for each produced message, on the leader after the commit
   (:meth:`stored`, from ``Broker.produce``); ``delivered`` from the schedule and timer services
   (:meth:`delivered_level`, :meth:`delivered_timer`); ``consumed`` comes from the client
-  library, see :class:`cluster.client.Consumer`.
+  library (:class:`cluster.client.Consumer`), and for RocketMQ 5 clients from the node that
+  served their ``ReceiveMessage`` (:meth:`consumed`, first deliveries only).
 - ``events``: this node starting and stopping, leader changes as this node sees them, the
   services' start and stop (:meth:`event`), config changes at runtime, and the writer's own
   drops (``log_drop``, written by the writer).
@@ -268,6 +269,24 @@ class NodeLogs:
             )
 
         self.writer.write_rows(RecordType.LATENCY, items, render, _item_key)
+
+    def consumed(self, topic: str, messages: Sequence[Mapping[str, Any]], consumed_ms: int) -> None:
+        """Messages this node handed to a consumer that cannot log them itself (the RocketMQ
+        5 clients over gRPC): ``consumed`` lines as :class:`cluster.client.ConsumedLog` writes
+        them, each a message as a pull answers it (event loop; O(1) here)."""
+        if not self.writer.config.enabled or not messages:
+            return
+        from cluster.client import consumed_line
+
+        node = self.node
+
+        def render(m: Mapping[str, Any]) -> bytes:
+            return consumed_line(m, topic, consumed_ms, node)
+
+        def key(m: Mapping[str, Any]) -> str:
+            return str(m["msg_id"])
+
+        self.writer.write_rows(RecordType.LATENCY, messages, render, key)
 
     # ------------------------------------------------------------------ events
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster import api_schedule, api_timer, runtimeconfig
+from cluster import api_pop, api_schedule, api_timer, runtimeconfig
 from cluster.auth import METRICS_ROUTE, open_routes
 from cluster.broker import VERSION
 
@@ -375,7 +375,7 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
     ("GET", "/metrics"): ("Prometheus metrics.", None, {"type": "string"}, []),
     ("GET", "/openapi.json"): ("This description.", None, {"type": "object"}, []),
 }
-ROUTES = {**_CORE, **api_schedule.ROUTES, **api_timer.ROUTES}
+ROUTES = {**_CORE, **api_schedule.ROUTES, **api_timer.ROUTES, **api_pop.ROUTES}
 
 
 BEARER = "bearerAuth"

@@ -411,10 +411,12 @@ class PopService:
                 raise PopError("bad_request", a.reason, "receipt_handle")
         return out.answers
 
-    def visible(self, group: str, topic: str) -> bool:
-        """Whether a receive could hand out something now (committed state on this node)."""
+    def visible(self, group: str, topic: str, queue: int | None = None) -> bool:
+        """Whether a receive (of ``queue``, or of any queue) could hand out something now
+        (committed state on this node)."""
         store = self.raftlog.store
-        for q in range(store.queue_count(topic) or 0):
+        n = store.queue_count(topic) or 0
+        for q in range(n) if queue is None else ([queue] if 0 <= queue < n else []):
             st = self.machine.queue_state(group, topic, q)
             lo, hi = store.min_offset(topic, q), store.max_offset(topic, q)
             if core.visible(st, min_offset=lo, max_offset=hi):

@@ -4,6 +4,8 @@
   (``OK``, ``BAD_REQUEST``, ...; ``UNAUTHENTICATED`` for calls refused for their credentials,
   ``CANCELLED`` for calls the client or the node's stop cut short);
 - ``chronomq_grpc_request_seconds{rpc}``: latency (a Telemetry stream: how long it stayed open);
+- ``chronomq_grpc_messages_received_total``, ``chronomq_grpc_messages_acked_total``: pop
+  hand-outs and acks served by this node;
 - messages produced over gRPC also count in ``chronomq_messages_produced``, like HTTP's.
 """
 
@@ -35,6 +37,15 @@ class GrpcMetrics:
             else Counter(
                 "chronomq_grpc_messages_produced", "Messages produced over gRPC", registry=registry
             )
+        )
+
+        self.received = Counter(
+            "chronomq_grpc_messages_received",
+            "Messages handed out to consumers over gRPC (pop)",
+            registry=registry,
+        )
+        self.acked = Counter(
+            "chronomq_grpc_messages_acked", "Messages acked over gRPC (pop)", registry=registry
         )
 
     def observe(self, rpc: str, code: str, seconds: float) -> None:

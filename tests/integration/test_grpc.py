@@ -236,7 +236,7 @@ async def test_producer_sends_timers_recalls_and_codes(make_cluster: Any) -> Non
         answer = await stub.RecallMessage(done, metadata=auth, timeout=5)
         assert answer.status.code == Code.PRECONDITION_FAILED, answer.status  # delivered
         calls = [r async for r in stub.ReceiveMessage(spb.ReceiveMessageRequest(), metadata=auth)]
-        assert [c.status.code for c in calls] == [Code.NOT_IMPLEMENTED]
+        assert [c.status.code for c in calls] == [Code.ILLEGAL_CONSUMER_GROUP]
         answer = await stub.EndTransaction(spb.EndTransactionRequest(), metadata=auth, timeout=5)
         assert answer.status.code == Code.UNSUPPORTED
 

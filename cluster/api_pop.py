@@ -1,0 +1,555 @@
+"""Pop consumption over HTTP (RocketMQ 5's receive / ack / change invisible / DLQ), and the
+leader-side calls the gRPC endpoint shares with it.
+
+Every route is a write (a hand-out or an ack is a Raft command): a follower forwards it to the
+leader, as produce does, and the gRPC endpoint of a follower forwards to these routes. On the
+leader each call is one command of :class:`cluster.pop.service.PopService`; a receive long-polls
+(``wait_ms``): it waits for one of the topic's queues to grow or for a revived message, and
+answers ``{"messages": []}`` when the time is up.
+
+The answers carry everything a consumer needs: each message as a pull answers it, plus its
+``receipt_handle``, ``delivery_attempt`` and ``invisible_until_ms``. A handle is tied to its
+group: acking it under another group is refused naming ``receipt_handle``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+from aiohttp import web
+
+from cluster import reserved
+from cluster.errors import ApiError, bad_request
+from cluster.pop.handle import InvalidHandle
+from cluster.pop.service import AckResult, ChangeResult, ForwardResult, PopError, Popped
+from cluster.pop.state import (
+    MAX_INVISIBLE_MS,
+    MAX_ITEMS_PER_COMMAND,
+    MAX_POP_MESSAGES,
+    MAX_RECONSUME_TIMES_CEILING,
+    MIN_INVISIBLE_MS,
+)
+from cluster.pull import message_json
+from raftlog.errors import NotLeader
+
+T = TypeVar("T")
+
+RECHECK_S: Final = 0.5
+"""A waiting receive looks again this often: a revive makes messages visible without growing
+any queue, so it cannot wake the queue waiters."""
+MAX_ACK_HANDLES: Final = 1024
+"""Handles one ack request may name (sent to Raft in commands of
+:data:`~cluster.pop.state.MAX_ITEMS_PER_COMMAND`)."""
+
+_MESSAGE = {
+    "type": "object",
+    "required": ["msg_id", "queue", "offset", "receipt_handle", "delivery_attempt"],
+    "properties": {
+        "msg_id": {"type": "string"},
+        "topic": {"type": "string"},
+        "queue": {"type": "integer"},
+        "offset": {"type": "integer"},
+        "body": {"type": ["string", "null"]},
+        "body_base64": {"type": "string"},
+        "keys": {"type": "array", "items": {"type": "string"}},
+        "tags": {"type": ["string", "null"]},
+        "properties": {"type": "object", "additionalProperties": {"type": "string"}},
+        "born_ms": {"type": "integer"},
+        "store_ms": {"type": "integer"},
+        "reconsume_times": {"type": "integer"},
+        "receipt_handle": {"type": "string"},
+        "delivery_attempt": {"type": "integer", "minimum": 1},
+        "invisible_until_ms": {"type": "integer"},
+    },
+}
+_HANDLE = {"type": "string", "maxLength": 512}
+
+# (method, path): (summary, request schema or None, 200 response schema, query parameters)
+ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
+    ("POST", "/v1/groups/{group}/pop"): (
+        "Receive up to max messages of a topic for the group (pop consumption): each is "
+        "invisible to the group until acked or until invisible_ms passes, then handed out "
+        "again with the next delivery_attempt; after max_reconsume_times re-deliveries it goes "
+        "to %DLQ%{group}. wait_ms long-polls.",
+        {
+            "type": "object",
+            "required": ["topic"],
+            "additionalProperties": False,
+            "properties": {
+                "topic": {"type": "string"},
+                "queue": {"type": ["integer", "null"], "minimum": -1},
+                "max": {"type": "integer", "minimum": 1, "maximum": MAX_POP_MESSAGES},
+                "invisible_ms": {
+                    "type": "integer",
+                    "minimum": MIN_INVISIBLE_MS,
+                    "maximum": MAX_INVISIBLE_MS,
+                },
+                "wait_ms": {"type": "integer", "minimum": 0},
+                "tags": {"type": ["array", "null"], "items": {"type": "string"}},
+                "max_reconsume_times": {
+                    "type": ["integer", "null"],
+                    "minimum": 0,
+                    "maximum": MAX_RECONSUME_TIMES_CEILING,
+                },
+            },
+        },
+        {
+            "type": "object",
+            "required": ["messages"],
+            "properties": {"messages": {"type": "array", "items": _MESSAGE}},
+        },
+        [],
+    ),
+    ("POST", "/v1/groups/{group}/ack"): (
+        "Ack received messages by their receipt handles: each answered acked, already_acked "
+        "(a repeat) or expired (its hand-out is over: revived, re-handed or sent to the DLQ).",
+        {
+            "type": "object",
+            "required": ["receipt_handles"],
+            "additionalProperties": False,
+            "properties": {
+                "receipt_handles": {
+                    "type": "array",
+                    "items": _HANDLE,
+                    "minItems": 1,
+                    "maxItems": MAX_ACK_HANDLES,
+                }
+            },
+        },
+        {
+            "type": "object",
+            "required": ["results"],
+            "properties": {
+                "results": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["receipt_handle", "status"],
+                        "properties": {
+                            "receipt_handle": {"type": "string"},
+                            "status": {"enum": ["acked", "already_acked", "expired"]},
+                        },
+                    },
+                }
+            },
+        },
+        [],
+    ),
+    ("POST", "/v1/groups/{group}/invisible"): (
+        "Change a received message's invisible time (from now): changed, with a new receipt "
+        "handle (the old one is stale from then on), or expired.",
+        {
+            "type": "object",
+            "required": ["receipt_handle", "invisible_ms"],
+            "additionalProperties": False,
+            "properties": {
+                "receipt_handle": _HANDLE,
+                "invisible_ms": {
+                    "type": "integer",
+                    "minimum": MIN_INVISIBLE_MS,
+                    "maximum": MAX_INVISIBLE_MS,
+                },
+                "max_reconsume_times": {
+                    "type": ["integer", "null"],
+                    "minimum": 0,
+                    "maximum": MAX_RECONSUME_TIMES_CEILING,
+                },
+            },
+        },
+        {
+            "type": "object",
+            "required": ["status", "receipt_handle", "invisible_until_ms"],
+            "properties": {
+                "status": {"enum": ["changed", "expired"]},
+                "receipt_handle": {"type": ["string", "null"]},
+                "invisible_until_ms": {"type": ["integer", "null"]},
+            },
+        },
+        [],
+    ),
+    ("POST", "/v1/groups/{group}/dlq"): (
+        "Send a received message to %DLQ%{group} now: forwarded, or expired.",
+        {
+            "type": "object",
+            "required": ["receipt_handle"],
+            "additionalProperties": False,
+            "properties": {"receipt_handle": _HANDLE},
+        },
+        {
+            "type": "object",
+            "required": ["status"],
+            "properties": {"status": {"enum": ["forwarded", "expired"]}},
+        },
+        [],
+    ),
+}
+
+
+# ---------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiveArgs:
+    topic: str
+    queue: int | None
+    max_messages: int
+    invisible_ms: int
+    wait_ms: int
+    tags: tuple[str, ...] | None
+    max_reconsume_times: int | None
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body of the route (a follower forwards it)."""
+        return {
+            "topic": self.topic,
+            "queue": self.queue,
+            "max": self.max_messages,
+            "invisible_ms": self.invisible_ms,
+            "wait_ms": self.wait_ms,
+            "tags": None if self.tags is None else list(self.tags),
+            "max_reconsume_times": self.max_reconsume_times,
+        }
+
+
+def _object(body: Any, allowed: Sequence[str]) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise bad_request("the body must be a JSON object", "body")
+    for name in body:
+        if name not in allowed:
+            raise bad_request(f"unknown field {name!r}", str(name))
+    return body
+
+
+def _int(body: dict[str, Any], name: str, default: int | None, lo: int, hi: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise bad_request(f"{name} must be an integer {lo}..{hi}", name)
+    return value
+
+
+def _required_int(body: dict[str, Any], name: str, lo: int, hi: int) -> int:
+    if body.get(name) is None:
+        raise bad_request(f"{name} is required", name)
+    value = _int(body, name, None, lo, hi)
+    assert value is not None
+    return value
+
+
+def _handle_text(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= 512:
+        raise bad_request("a receipt handle is a string of 1..512 characters", field)
+    return value
+
+
+def receive_args(body: Any, max_wait_ms: int) -> ReceiveArgs:
+    b = _object(body, ROUTES[("POST", "/v1/groups/{group}/pop")][1]["properties"])
+    topic = b.get("topic")
+    if not isinstance(topic, str) or not topic:
+        raise bad_request("topic is required (a string)", "topic")
+    queue = _int(b, "queue", None, -1, 65_535)
+    tags = b.get("tags")
+    if tags is not None and (
+        not isinstance(tags, list) or not all(isinstance(t, str) and t for t in tags)
+    ):
+        raise bad_request("tags must be a list of non-empty strings, or null for all", "tags")
+    return ReceiveArgs(
+        topic=topic,
+        queue=None if queue is None or queue == -1 else queue,
+        max_messages=_int(b, "max", 16, 1, MAX_POP_MESSAGES) or 16,
+        invisible_ms=_int(b, "invisible_ms", 30_000, MIN_INVISIBLE_MS, MAX_INVISIBLE_MS) or 30_000,
+        wait_ms=_int(b, "wait_ms", 0, 0, max_wait_ms) or 0,
+        tags=None if tags is None else tuple(tags),
+        max_reconsume_times=_int(b, "max_reconsume_times", None, 0, MAX_RECONSUME_TIMES_CEILING),
+    )
+
+
+def ack_handles(body: Any) -> list[str]:
+    b = _object(body, ("receipt_handles",))
+    handles = b.get("receipt_handles")
+    if not isinstance(handles, list) or not 0 < len(handles) <= MAX_ACK_HANDLES:
+        raise bad_request(
+            f"receipt_handles must be a list of 1..{MAX_ACK_HANDLES} handles", "receipt_handles"
+        )
+    return [_handle_text(h, f"receipt_handles[{i}]") for i, h in enumerate(handles)]
+
+
+# ---------------------------------------------------------------------- the leader's calls
+
+
+def _service(broker: Any) -> Any:
+    pop = broker.pop
+    if pop is None:
+        raise ApiError(503, "pop_unavailable", "pop consumption is not running on this node")
+    return pop
+
+
+def _api_error(exc: BaseException) -> ApiError | None:
+    if isinstance(exc, PopError):
+        status = 404 if exc.code == "unknown_topic" else 400
+        return ApiError(status, exc.code, str(exc), exc.field)
+    if isinstance(exc, InvalidHandle):
+        return ApiError(400, "invalid_receipt_handle", str(exc) or "invalid", "receipt_handle")
+    return None
+
+
+@contextlib.contextmanager
+def _pop_errors() -> Any:
+    try:
+        yield
+    except (PopError, InvalidHandle) as exc:
+        api = _api_error(exc)
+        assert api is not None
+        raise api from None
+
+
+async def _settle(broker: Any, fut: Future[T]) -> T:
+    """The command's answer, waited for within the commit timeout."""
+    timeout_s = broker.config.commit_timeout_ms / 1000
+    try:
+        async with asyncio.timeout(timeout_s):
+            with _pop_errors():
+                return await asyncio.wrap_future(fut)
+    except TimeoutError:
+        fut.cancel()
+        raise ApiError(
+            503,
+            "commit_outcome_unknown",
+            "the pop command was not answered in time; what it handed out comes back after "
+            "its invisible time",
+            None,
+            {"Retry-After": "1"},
+        ) from None
+
+
+def _check_group(group: str, handle_group: str, field: str) -> None:
+    if group != handle_group:
+        raise bad_request(f"this receipt handle belongs to group {handle_group!r}", field)
+
+
+def _leader(broker: Any) -> None:
+    if not broker.raftlog.is_leader:
+        raise NotLeader("this node stopped leading")
+
+
+async def receive(
+    broker: Any,
+    group: str,
+    args: ReceiveArgs,
+    gone: asyncio.Future[None] | None = None,
+) -> list[Popped]:
+    """On the leader: hand out up to ``args.max_messages``, waiting up to ``args.wait_ms`` for
+    something visible. An empty list when nothing came in time (or the client left)."""
+    pop = _service(broker)
+    store = broker.raftlog.store
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + args.wait_ms / 1000
+    missing_ok = bool(broker.config.auto_create_topic) and not reserved.is_system_topic(args.topic)
+    while True:
+        _leader(broker)
+        exists = store.queue_count(args.topic) is not None
+        if exists and pop.visible(group, args.topic, args.queue):
+            with _pop_errors():
+                fut = pop.receive(
+                    group,
+                    args.topic,
+                    args.max_messages,
+                    args.invisible_ms,
+                    queue=args.queue,
+                    tags=args.tags,
+                    max_reconsume_times=args.max_reconsume_times,
+                )
+            popped: list[Popped] = await _settle(broker, fut)
+            if popped:
+                return popped
+        elif not exists and not missing_ok:
+            raise ApiError(404, "unknown_topic", f"topic {args.topic} does not exist", "topic")
+        # A topic that does not exist yet (auto_create_topic) is created by its first
+        # produce: wait for it as for a message.
+        left = deadline - loop.time()
+        if left <= 0 or (gone is not None and gone.done()):
+            return []
+        await _wait_for_messages(broker, group, args, min(left, RECHECK_S), gone)
+
+
+async def _wait_for_messages(
+    broker: Any,
+    group: str,
+    args: ReceiveArgs,
+    timeout_s: float,
+    gone: asyncio.Future[None] | None,
+) -> None:
+    store = broker.raftlog.store
+    n = store.queue_count(args.topic) or 0
+    queues = range(n) if args.queue is None else [args.queue]
+    keys = [(args.topic, q) for q in queues if q < n]
+    futures = [broker.waiters.register(t, q, store.max_offset(t, q)) for t, q in keys]
+    try:
+        if keys and broker.pop.visible(group, args.topic, args.queue):
+            return
+        waits: list[asyncio.Future[Any]] = list(futures)
+        if gone is not None:
+            waits.append(gone)
+        if waits:
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        else:
+            await asyncio.sleep(timeout_s)
+    finally:
+        for t, q in keys:
+            broker.waiters.release(t, q)
+
+
+def popped_json(p: Popped) -> dict[str, Any]:
+    out = message_json(p.message)
+    out["receipt_handle"] = p.receipt_handle
+    out["delivery_attempt"] = p.delivery_attempt
+    out["invisible_until_ms"] = p.invisible_until_ms
+    return out
+
+
+async def ack(broker: Any, group: str, handles: Sequence[str]) -> list[AckResult]:
+    """On the leader: ack every handle, in commands of at most MAX_ITEMS_PER_COMMAND."""
+    pop = _service(broker)
+    with _pop_errors():
+        for i, h in enumerate(handles):
+            _check_group(group, pop.decode(h).group, f"receipt_handles[{i}]")
+    out: list[AckResult] = []
+    for start in range(0, len(handles), MAX_ITEMS_PER_COMMAND):
+        _leader(broker)
+        chunk = handles[start : start + MAX_ITEMS_PER_COMMAND]
+        with _pop_errors():
+            fut = pop.ack(chunk)
+        out.extend(await _settle(broker, fut))
+    return out
+
+
+async def change_invisible(
+    broker: Any,
+    group: str,
+    handle: str,
+    invisible_ms: int,
+    max_reconsume_times: int | None = None,
+) -> ChangeResult:
+    pop = _service(broker)
+    _leader(broker)
+    with _pop_errors():
+        _check_group(group, pop.decode(handle).group, "receipt_handle")
+        fut = pop.change_invisible(handle, invisible_ms, max_reconsume_times=max_reconsume_times)
+    result: ChangeResult = await _settle(broker, fut)
+    return result
+
+
+async def forward_to_dlq(broker: Any, group: str, handle: str) -> ForwardResult:
+    pop = _service(broker)
+    _leader(broker)
+    with _pop_errors():
+        _check_group(group, pop.decode(handle).group, "receipt_handle")
+        fut = pop.forward_to_dlq(handle)
+    result: ForwardResult = await _settle(broker, fut)
+    return result
+
+
+def change_json(r: ChangeResult) -> dict[str, Any]:
+    return {
+        "status": r.status.value,
+        "receipt_handle": r.receipt_handle,
+        "invisible_until_ms": r.invisible_until_ms,
+    }
+
+
+# ---------------------------------------------------------------------- HTTP handlers
+
+
+def _group(request: web.Request) -> str:
+    from cluster.pop.machine import group_problem
+
+    group = request.match_info["group"]
+    problem = group_problem(group)
+    if problem is not None:
+        raise bad_request(problem, "group")
+    return group
+
+
+def _on_leader(handler: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
+    async def run(request: web.Request) -> web.StreamResponse:
+        from cluster.api import forward_to_leader
+
+        # The leader may hold a receive for its whole long poll.
+        timeout = _forward_timeout(request) if handler is pop_route else None
+        forwarded = await forward_to_leader(request, timeout)
+        if forwarded is not None:
+            return forwarded
+        result: web.StreamResponse = await handler(request)
+        return result
+
+    return run
+
+
+def _forward_timeout(request: web.Request) -> float:
+    from cluster.api import BROKER
+
+    cfg = request.app[BROKER].config
+    return float(cfg.max_wait_ms + cfg.commit_timeout_ms) / 1000 + 5
+
+
+async def pop_route(request: web.Request) -> web.Response:
+    from cluster.api import BROKER, client_gone, json_response, read_json
+
+    broker = request.app[BROKER]
+    group = _group(request)
+    args = receive_args(await read_json(request), int(broker.config.max_wait_ms))
+    async with client_gone(request, args.wait_ms) as gone:
+        popped = await receive(broker, group, args, gone)
+    return json_response({"messages": [popped_json(p) for p in popped]})
+
+
+async def ack_route(request: web.Request) -> web.Response:
+    from cluster.api import BROKER, json_response, read_json
+
+    group = _group(request)
+    handles = ack_handles(await read_json(request))
+    results = await ack(request.app[BROKER], group, handles)
+    return json_response(
+        {
+            "results": [
+                {"receipt_handle": r.receipt_handle, "status": r.status.value} for r in results
+            ]
+        }
+    )
+
+
+async def invisible_route(request: web.Request) -> web.Response:
+    from cluster.api import BROKER, json_response, read_json
+
+    group = _group(request)
+    b = _object(await read_json(request), ("receipt_handle", "invisible_ms", "max_reconsume_times"))
+    handle = _handle_text(b.get("receipt_handle"), "receipt_handle")
+    inv = _required_int(b, "invisible_ms", MIN_INVISIBLE_MS, MAX_INVISIBLE_MS)
+    mrt = _int(b, "max_reconsume_times", None, 0, MAX_RECONSUME_TIMES_CEILING)
+    result = await change_invisible(request.app[BROKER], group, handle, inv, mrt)
+    return json_response(change_json(result))
+
+
+async def dlq_route(request: web.Request) -> web.Response:
+    from cluster.api import BROKER, json_response, read_json
+
+    group = _group(request)
+    b = _object(await read_json(request), ("receipt_handle",))
+    handle = _handle_text(b.get("receipt_handle"), "receipt_handle")
+    result = await forward_to_dlq(request.app[BROKER], group, handle)
+    return json_response({"status": result.status.value})
+
+
+def add_routes(app: web.Application) -> None:
+    """Register the routes of :data:`ROUTES`."""
+    r = app.router
+    r.add_post("/v1/groups/{group}/pop", _on_leader(pop_route))
+    r.add_post("/v1/groups/{group}/ack", _on_leader(ack_route))
+    r.add_post("/v1/groups/{group}/invisible", _on_leader(invisible_route))
+    r.add_post("/v1/groups/{group}/dlq", _on_leader(dlq_route))

@@ -1,0 +1,398 @@
+"""Pop consumption over gRPC: ``ReceiveMessage``, ``AckMessage``, ``ChangeInvisibleDuration``,
+``ForwardMessageToDeadLetterQueue`` (what ``SimpleConsumer`` and ``PushConsumer`` use).
+
+Each call is one write of :mod:`cluster.api_pop` on the leader (a follower forwards it to the
+leader's ``/v1/groups/{group}/...`` routes, as a send is forwarded), so pop state is replicated
+and a receipt handle from before a failover still acks on the new leader.
+
+``ReceiveMessage`` answers as the RocketMQ proxy does: a ``status`` first (``OK``, or
+``MESSAGE_NOT_FOUND`` when the long poll ended empty), then one ``message`` per hand-out, then
+the ``delivery_timestamp``. A request without an invisible duration takes
+:data:`AUTO_RENEW_INVISIBLE_MS` when it asks for ``auto_renew`` (a push consumer, which then
+acks, or changes the invisible time to its back-off on failure), and is refused otherwise. The
+long poll is bounded by ``max_wait_ms`` and by the call's deadline, keeping
+:data:`DEADLINE_MARGIN_S` for the hand-out's commit.
+
+The node that serves a receive writes ``consumed`` latency lines for first deliveries, so the
+Spark report sees the end-to-end lateness of timer messages received over gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+import zlib
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+import orjson
+from google.protobuf import duration_pb2, timestamp_pb2
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as spb
+
+from cluster import api_pop, reserved
+from cluster.api_pop import ReceiveArgs
+from cluster.errors import ApiError, bad_request
+from cluster.pop.machine import group_problem
+from cluster.pop.state import MAX_INVISIBLE_MS, MAX_POP_MESSAGES, MIN_INVISIBLE_MS
+from cluster.rocketmq import codes, convert
+from cluster.rocketmq.rpc import ServicerBase, make_status, rpc
+from cluster.rocketmq.telemetry import DEFAULT_LONG_POLLING_MS
+from raftlog import record
+from timer.message import TIMER_OUT_MS
+
+AUTO_RENEW_INVISIBLE_MS: Final = 60_000
+"""Invisible time of a hand-out to a consumer that gave none but asked for ``auto_renew`` (the
+RocketMQ proxy's default)."""
+DEADLINE_MARGIN_S: Final = 1.0
+"""Time a receive keeps before the call's deadline for its hand-out to commit."""
+MAX_FILTER_CHARS: Final = 4096
+
+Code = pb.Code
+
+
+def _ms(d: duration_pb2.Duration) -> int:
+    return int(d.seconds) * 1000 + int(d.nanos) // 1_000_000
+
+
+def _timestamp(ms: int) -> timestamp_pb2.Timestamp:
+    return timestamp_pb2.Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def check_group(name: str) -> str:
+    problem = group_problem(name)
+    if problem is not None:
+        raise ApiError(400, "illegal_consumer_group", problem, "group")
+    return name
+
+
+def tags_of(expression: pb.FilterExpression) -> tuple[str, ...] | None:
+    """The subscription's tags (``TagA || TagB``); None for every tag (``*`` or empty)."""
+    if expression.type == pb.FilterType.SQL:
+        raise ApiError(
+            400,
+            "unsupported",
+            "SQL92 filters are not supported: filter by tag",
+            "filter_expression",
+        )
+    text = expression.expression.strip()
+    if len(text) > MAX_FILTER_CHARS:
+        raise ApiError(
+            400, "illegal_filter_expression", "the filter is too long", "filter_expression"
+        )
+    if text in ("", "*"):
+        return None
+    tags = tuple(t.strip() for t in text.split("||"))
+    if not all(tags) or any("*" in t for t in tags):
+        raise ApiError(
+            400,
+            "illegal_filter_expression",
+            f"a tag filter is '*' or tags joined by '||', got {text!r}",
+            "filter_expression",
+        )
+    return tags
+
+
+def receive_args(
+    request: spb.ReceiveMessageRequest, max_wait_ms: int, remaining_s: float | None
+) -> ReceiveArgs:
+    """The request as our receive; an :class:`ApiError` names what is wrong."""
+    topic = request.message_queue.topic.name
+    record.validate_topic(topic, "topic")
+    if reserved.is_system_topic(topic):
+        raise ApiError(400, "illegal_topic", f"{topic} is a system topic", "topic")
+    if request.HasField("invisible_duration"):
+        invisible_ms = _ms(request.invisible_duration)
+        if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
+            raise ApiError(
+                400,
+                "illegal_invisible_time",
+                f"invisible_duration must be {MIN_INVISIBLE_MS // 1000} s to "
+                f"{MAX_INVISIBLE_MS // 3_600_000} h",
+                "invisible_duration",
+            )
+    elif request.auto_renew:
+        invisible_ms = AUTO_RENEW_INVISIBLE_MS
+    else:
+        raise ApiError(
+            400, "illegal_invisible_time", "invisible_duration is required", "invisible_duration"
+        )
+    batch = int(request.batch_size)
+    if batch < 0:
+        raise bad_request("batch_size must not be negative", "batch_size")
+    poll_ms = (
+        _ms(request.long_polling_timeout)
+        if request.HasField("long_polling_timeout")
+        else DEFAULT_LONG_POLLING_MS
+    )
+    if poll_ms < 0:
+        raise ApiError(400, "illegal_polling_time", "long_polling_timeout is negative", None)
+    wait_ms = min(poll_ms, max_wait_ms)
+    if remaining_s is not None:
+        wait_ms = min(wait_ms, max(0, int((remaining_s - DEADLINE_MARGIN_S) * 1000)))
+    queue = int(request.message_queue.id)
+    return ReceiveArgs(
+        topic=topic,
+        queue=None if queue < 0 else queue,
+        max_messages=min(batch or MAX_POP_MESSAGES, MAX_POP_MESSAGES),
+        invisible_ms=invisible_ms,
+        wait_ms=wait_ms,
+        tags=tags_of(request.filter_expression),
+        max_reconsume_times=None,
+    )
+
+
+def message_pb(m: dict[str, Any], endpoint_host: str = "") -> pb.Message:
+    """A received message (as :func:`cluster.api_pop.popped_json` gives it) for the client."""
+    props: dict[str, str] = dict(m.get("properties") or {})
+    if m.get("body_base64") is not None:
+        body = base64.b64decode(m["body_base64"])
+    else:
+        body = str(m.get("body") or "").encode()
+    out = pb.Message(body=body)
+    out.topic.name = str(m["topic"])
+    sp = out.system_properties
+    sp.message_id = props.get(convert.UNIQ_KEY) or str(m["msg_id"])
+    if m.get("tags"):
+        sp.tag = str(m["tags"])
+    sp.keys.extend(m.get("keys") or [])
+    sp.body_digest.type = pb.DigestType.CRC32
+    sp.body_digest.checksum = format(zlib.crc32(body) & 0xFFFFFFFF, "08X")
+    sp.body_encoding = pb.Encoding.IDENTITY
+    sp.born_timestamp.CopyFrom(_timestamp(int(m.get("born_ms") or 0)))
+    sp.store_timestamp.CopyFrom(_timestamp(int(m.get("store_ms") or 0)))
+    sp.born_host = endpoint_host or "chronomq"
+    sp.store_host = endpoint_host or "chronomq"
+    sp.queue_id = int(m["queue"])
+    sp.queue_offset = int(m["offset"])
+    sp.receipt_handle = str(m["receipt_handle"])
+    sp.delivery_attempt = int(m["delivery_attempt"])
+    sp.invisible_duration.CopyFrom(
+        duration_pb2.Duration(
+            seconds=max(0, int(m.get("invisible_until_ms") or 0) - int(time.time() * 1000)) // 1000
+        )
+    )
+    due = props.get(TIMER_OUT_MS)
+    if due is not None and due.isascii() and due.isdigit():
+        sp.message_type = pb.MessageType.DELAY
+        sp.delivery_timestamp.CopyFrom(_timestamp(int(due)))
+    else:
+        sp.message_type = pb.MessageType.NORMAL
+    out.user_properties.update(
+        {
+            k: v
+            for k, v in props.items()
+            if k != convert.UNIQ_KEY and not reserved.is_reserved_property(k)
+        }
+    )
+    return out
+
+
+class ConsumeRpcs(ServicerBase):
+    """The pop-consumption RPCs of the servicer."""
+
+    async def _pop_call(
+        self, path: str, body: dict[str, Any], local: Any, budget_s: float
+    ) -> dict[str, Any]:
+        """``local()`` on the leader, else the same call forwarded to the leader's route."""
+
+        async def remote(leader: str, timeout_s: float) -> dict[str, Any]:
+            return await self._forward("POST", leader, path, timeout_s, orjson.dumps(body))
+
+        # Safe to repeat: a lost hand-out comes back after its invisible time; acks, changes
+        # and forwards of a handle already used answer from the replicated state.
+        return await self._on_leader(local, remote, budget_s, True)
+
+    def _group_path(self, group: str, what: str) -> str:
+        import urllib.parse
+
+        return f"/v1/groups/{urllib.parse.quote(group, safe='')}/{what}"
+
+    async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        t0 = time.perf_counter()
+        name = "ReceiveMessage"
+        try:
+            gone = self.broker.removed_error()
+            if gone is not None:
+                raise gone
+            group = check_group(request.group.name)
+            remaining = context.time_remaining() if context is not None else None
+            args = receive_args(request, int(self._config.max_wait_ms), remaining)
+            broker = self.broker
+
+            async def local() -> dict[str, Any]:
+                popped = await api_pop.receive(broker, group, args)
+                return {"messages": [api_pop.popped_json(p) for p in popped]}
+
+            if remaining is None:
+                budget = args.wait_ms / 1000 + self._config.commit_timeout_ms / 1000 + 5
+            else:
+                budget = max(0.0, remaining - 0.1)
+            answer = await self._pop_call(
+                self._group_path(group, "pop"), args.body(), local, budget
+            )
+            messages = answer.get("messages")
+            if not isinstance(messages, list):
+                raise ApiError(500, "internal", "the receive answer has no messages")
+            out = [message_pb(m) for m in messages]
+        except asyncio.CancelledError:
+            self.metrics.observe(name, "CANCELLED", time.perf_counter() - t0)
+            raise
+        except Exception as exc:
+            failure = codes.from_exception_or_none(exc)
+            if failure is None:
+                import logging
+
+                logging.getLogger(__name__).exception("unexpected error in %s", name)
+                failure = codes.internal()
+            self.metrics.observe(name, failure.name, time.perf_counter() - t0)
+            yield spb.ReceiveMessageResponse(status=make_status(failure))
+            return
+        if not out:
+            self.metrics.observe(name, "MESSAGE_NOT_FOUND", time.perf_counter() - t0)
+            yield spb.ReceiveMessageResponse(
+                status=pb.Status(code=Code.MESSAGE_NOT_FOUND, message="no new message")
+            )
+            return
+        now_ms = time.time_ns() // 1_000_000
+        logs = self.broker.logs
+        if logs is not None:
+            first = [m for m in messages if int(m["delivery_attempt"]) == 1]
+            if first:
+                logs.consumed(args.topic, first, now_ms)
+        self.metrics.received.inc(len(out))
+        self.metrics.observe(name, "OK", time.perf_counter() - t0)
+        yield spb.ReceiveMessageResponse(status=make_status())
+        for m in out:
+            yield spb.ReceiveMessageResponse(message=m)
+        yield spb.ReceiveMessageResponse(delivery_timestamp=_timestamp(now_ms))
+
+    @rpc(spb.AckMessageResponse)
+    async def AckMessage(self, request: Any, context: Any) -> Any:
+        group = check_group(request.group.name)
+        record.validate_topic(request.topic.name, "topic")
+        if not 0 < len(request.entries) <= api_pop.MAX_ACK_HANDLES:
+            raise bad_request(f"ack 1..{api_pop.MAX_ACK_HANDLES} entries at a time", "entries")
+        handles = [e.receipt_handle for e in request.entries]
+        for i, h in enumerate(handles):
+            if not 0 < len(h) <= 512:
+                raise ApiError(
+                    400,
+                    "invalid_receipt_handle",
+                    "not a receipt handle",
+                    f"entries[{i}].receipt_handle",
+                )
+        broker = self.broker
+
+        async def local() -> dict[str, Any]:
+            results = await api_pop.ack(broker, group, handles)
+            return {
+                "results": [
+                    {"receipt_handle": r.receipt_handle, "status": r.status.value} for r in results
+                ]
+            }
+
+        answer = await self._pop_call(
+            self._group_path(group, "ack"),
+            {"receipt_handles": handles},
+            local,
+            self._budget_s(context),
+        )
+        results = answer.get("results")
+        if not isinstance(results, list) or len(results) != len(handles):
+            raise ApiError(500, "internal", "the ack answer does not match the request")
+        entries = []
+        failed = 0
+        for e, r in zip(request.entries, results, strict=True):
+            ok = r.get("status") in ("acked", "already_acked")
+            failed += not ok
+            entries.append(
+                spb.AckMessageResultEntry(
+                    message_id=e.message_id,
+                    receipt_handle=e.receipt_handle,
+                    status=make_status()
+                    if ok
+                    else pb.Status(
+                        code=Code.INVALID_RECEIPT_HANDLE,
+                        message="expired: the message was handed out again, revived or "
+                        "sent to the DLQ",
+                    ),
+                )
+            )
+        self.metrics.acked.inc(len(entries) - failed)
+        if failed == 0:
+            top = make_status()
+        elif failed == len(entries):
+            top = entries[0].status
+        else:
+            top = pb.Status(code=Code.MULTIPLE_RESULTS, message="some entries failed")
+        return spb.AckMessageResponse(status=top, entries=entries)
+
+    @rpc(spb.ChangeInvisibleDurationResponse)
+    async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
+        group = check_group(request.group.name)
+        record.validate_topic(request.topic.name, "topic")
+        handle = request.receipt_handle
+        if not 0 < len(handle) <= 512:
+            raise ApiError(400, "invalid_receipt_handle", "not a receipt handle", "receipt_handle")
+        invisible_ms = _ms(request.invisible_duration)
+        if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
+            raise ApiError(
+                400,
+                "illegal_invisible_time",
+                f"invisible_duration must be {MIN_INVISIBLE_MS // 1000} s to "
+                f"{MAX_INVISIBLE_MS // 3_600_000} h",
+                "invisible_duration",
+            )
+        broker = self.broker
+
+        async def local() -> dict[str, Any]:
+            return api_pop.change_json(
+                await api_pop.change_invisible(broker, group, handle, invisible_ms)
+            )
+
+        answer = await self._pop_call(
+            self._group_path(group, "invisible"),
+            {"receipt_handle": handle, "invisible_ms": invisible_ms},
+            local,
+            self._budget_s(context),
+        )
+        if answer.get("status") != "changed" or not answer.get("receipt_handle"):
+            return spb.ChangeInvisibleDurationResponse(
+                status=pb.Status(
+                    code=Code.INVALID_RECEIPT_HANDLE,
+                    message="expired: the message was handed out again, revived or sent to the DLQ",
+                )
+            )
+        return spb.ChangeInvisibleDurationResponse(
+            status=make_status(), receipt_handle=str(answer["receipt_handle"])
+        )
+
+    @rpc(spb.ForwardMessageToDeadLetterQueueResponse)
+    async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
+        group = check_group(request.group.name)
+        record.validate_topic(request.topic.name, "topic")
+        handle = request.receipt_handle
+        if not 0 < len(handle) <= 512:
+            raise ApiError(400, "invalid_receipt_handle", "not a receipt handle", "receipt_handle")
+        broker = self.broker
+
+        async def local() -> dict[str, Any]:
+            result = await api_pop.forward_to_dlq(broker, group, handle)
+            return {"status": result.status.value}
+
+        answer = await self._pop_call(
+            self._group_path(group, "dlq"),
+            {"receipt_handle": handle},
+            local,
+            self._budget_s(context),
+        )
+        if answer.get("status") != "forwarded":
+            return spb.ForwardMessageToDeadLetterQueueResponse(
+                status=pb.Status(
+                    code=Code.INVALID_RECEIPT_HANDLE,
+                    message="expired: the message was handed out again, revived or sent to the DLQ",
+                )
+            )
+        return spb.ForwardMessageToDeadLetterQueueResponse(status=make_status())
