@@ -304,3 +304,6 @@ def test_server_settings() -> None:
     out = telemetry.server_settings(config, consumer)
     assert out.subscription.long_polling_timeout.seconds == 5
     assert out.backoff_policy.max_attempts == 17  # max_reconsume_times 16, plus the first
+    # Redelivery n waits as long as delay level 3 + n - 1, as a retry through the levels.
+    waits = [d.seconds for d in out.backoff_policy.customized_backoff.next]
+    assert waits[:4] == [10, 30, 60, 120] and waits[-1] == 7200
