@@ -26,6 +26,7 @@ from aiohttp import web
 from cluster import reserved
 from cluster.errors import ApiError, bad_request
 from cluster.pop.handle import InvalidHandle
+from cluster.pop.machine import MAX_FILTER_TAGS, topic_problem
 from cluster.pop.service import AckResult, ChangeResult, ForwardResult, PopError, Popped
 from cluster.pop.state import (
     MAX_INVISIBLE_MS,
@@ -253,12 +254,23 @@ def receive_args(body: Any, max_wait_ms: int) -> ReceiveArgs:
     topic = b.get("topic")
     if not isinstance(topic, str) or not topic:
         raise bad_request("topic is required (a string)", "topic")
+    problem = topic_problem(topic)
+    if problem is not None:
+        raise bad_request(problem, "topic")
+    if reserved.is_system_topic(topic):
+        raise bad_request(f"{topic} is a system topic, internal to the broker", "topic")
     queue = _int(b, "queue", None, -1, 65_535)
     tags = b.get("tags")
     if tags is not None and (
-        not isinstance(tags, list) or not all(isinstance(t, str) and t for t in tags)
+        not isinstance(tags, list)
+        or not 0 < len(tags) <= MAX_FILTER_TAGS
+        or not all(isinstance(t, str) and 0 < len(t) <= 255 for t in tags)
     ):
-        raise bad_request("tags must be a list of non-empty strings, or null for all", "tags")
+        raise bad_request(
+            f"tags must be a list of 1..{MAX_FILTER_TAGS} tags of 1..255 characters, "
+            "or null for all",
+            "tags",
+        )
     return ReceiveArgs(
         topic=topic,
         queue=None if queue is None or queue == -1 else queue,
@@ -353,7 +365,10 @@ async def receive(
     missing_ok = bool(broker.config.auto_create_topic) and not reserved.is_system_topic(args.topic)
     while True:
         _leader(broker)
-        exists = store.queue_count(args.topic) is not None
+        queues = store.queue_count(args.topic)
+        exists = queues is not None
+        if queues is not None and args.queue is not None and args.queue >= queues:
+            raise bad_request(f"topic {args.topic} has queues 0..{queues - 1}", "queue")
         if exists and pop.visible(group, args.topic, args.queue):
             with _pop_errors():
                 fut = pop.receive(
