@@ -13,6 +13,10 @@ acks, or changes the invisible time to its back-off on failure), and is refused 
 long poll is bounded by ``max_wait_ms`` and by the call's deadline, keeping
 :data:`DEADLINE_MARGIN_S` for the hand-out's commit.
 
+A receive hands out from every queue of the topic, whichever queue of the route the client
+names (the RocketMQ proxy pops the same way), and ``QueryAssignment`` assigns the whole topic
+(queue ``-1``), so a push consumer runs one long poll per topic.
+
 The node that serves a receive writes ``consumed`` latency lines for first deliveries, so the
 Spark report sees the end-to-end lateness of timer messages received over gRPC.
 """
@@ -131,10 +135,9 @@ def receive_args(
     wait_ms = min(poll_ms, max_wait_ms)
     if remaining_s is not None:
         wait_ms = min(wait_ms, max(0, int((remaining_s - DEADLINE_MARGIN_S) * 1000)))
-    queue = int(request.message_queue.id)
     return ReceiveArgs(
         topic=topic,
-        queue=None if queue < 0 else queue,
+        queue=None,  # the whole topic, as the RocketMQ proxy pops from every queue
         max_messages=min(batch or MAX_POP_MESSAGES, MAX_POP_MESSAGES),
         invisible_ms=invisible_ms,
         wait_ms=wait_ms,

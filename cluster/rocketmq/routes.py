@@ -113,3 +113,30 @@ def message_queues(
             )
         )
     return out
+
+
+POP_QUEUE_ID: Final = -1
+"""The queue of an assignment: every queue of the topic, as the RocketMQ proxy assigns for pop
+consumption (a receive hands out from any queue of the broker)."""
+
+
+def assignments(topic: pb.Resource, members: Sequence[GrpcAddress]) -> list[pb.Assignment]:
+    """What a push consumer is assigned: the whole topic (queue ``-1``) once, with every live
+    member as endpoints; when members are known by host name, once per member (the protocol
+    allows several addresses only for IP literals)."""
+    shared = len({m.scheme for m in members}) == 1 and all(
+        m.scheme != pb.AddressScheme.DOMAIN_NAME for m in members
+    )
+    groups = [list(members)] if shared or not members else [[m] for m in members]
+    return [
+        pb.Assignment(
+            message_queue=pb.MessageQueue(
+                topic=pb.Resource(name=topic.name, resource_namespace=topic.resource_namespace),
+                id=POP_QUEUE_ID,
+                permission=pb.Permission.READ_WRITE,
+                broker=pb.Broker(name=BROKER_NAME, id=0, endpoints=_endpoints(chosen)),
+                accept_message_types=list(ACCEPTED_TYPES),
+            )
+        )
+        for chosen in groups
+    ]

@@ -25,7 +25,6 @@ from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import orjson
-from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol import service_pb2_grpc as spb_grpc
 
@@ -56,11 +55,9 @@ class MessagingService(ConsumeRpcs, OffsetRpcs, ServicerBase, spb_grpc.Messaging
 
     @rpc(spb.QueryAssignmentResponse)
     async def QueryAssignment(self, request: Any, context: Any) -> Any:
-        n = self._queue_count(request.topic)
-        queues = routes.message_queues(request.topic, n, self._members())
-        return spb.QueryAssignmentResponse(
-            status=make_status(), assignments=[pb.Assignment(message_queue=q) for q in queues]
-        )
+        self._queue_count(request.topic)  # the topic's checks
+        found = routes.assignments(request.topic, self._members())
+        return spb.QueryAssignmentResponse(status=make_status(), assignments=found)
 
     @rpc(spb.HeartbeatResponse)
     async def Heartbeat(self, request: Any, context: Any) -> Any:

@@ -40,7 +40,8 @@ def test_receive_args_take_the_request_and_bound_the_long_poll() -> None:
     assert consume.receive_args(request(invisible_s=30, poll_s=20), 3000, None).wait_ms == 3000
     # A batch above the protocol's 32 is clamped; none asked means the most.
     assert consume.receive_args(request(invisible_s=30, batch_size=500), 1, None).max_messages == 32
-    assert consume.receive_args(request(invisible_s=30, queue=2), 1, None).queue == 2
+    # Every queue, whichever the client names (the proxy's pop does the same).
+    assert consume.receive_args(request(invisible_s=30, queue=2), 1, None).queue is None
 
 
 def test_invisible_time_rules() -> None:
@@ -122,3 +123,14 @@ def test_a_received_message_as_the_official_client_reads_it() -> None:
     assert m.body == b"\x00\x01\x02"
     assert m.system_properties.message_id == stored["msg_id"]
     assert m.system_properties.message_type == pb.MessageType.NORMAL
+
+
+def test_a_push_consumer_is_assigned_the_whole_topic() -> None:
+    from cluster.rocketmq import routes
+
+    members = [routes.GrpcAddress("127.0.0.1", 8180), routes.GrpcAddress("127.0.0.1", 8181)]
+    (one,) = routes.assignments(pb.Resource(name="orders"), members)
+    assert one.message_queue.id == -1
+    assert [a.port for a in one.message_queue.broker.endpoints.addresses] == [8180, 8181]
+    named = [routes.GrpcAddress("a.example", 8180), routes.GrpcAddress("b.example", 8180)]
+    assert len(routes.assignments(pb.Resource(name="orders"), named)) == 2

@@ -344,6 +344,8 @@ def test_readme_example_runs(make_cluster: Any) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert lines[0].startswith("stored ") and lines[1].startswith("recalled "), lines
+    # The consumer receives the message sent now (the recalled timer never comes).
+    assert [ln.split()[2] for ln in lines[2:]] == ["b'paid"], lines
 
 
 async def test_tls_endpoint(make_cluster: Any, tmp_path: Path) -> None:
