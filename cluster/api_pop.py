@@ -40,9 +40,9 @@ from raftlog.errors import NotLeader
 
 T = TypeVar("T")
 
-RECHECK_S: Final = 0.5
-"""A waiting receive looks again this often: a revive makes messages visible without growing
-any queue, so it cannot wake the queue waiters."""
+RECHECK_S: Final = 5.0
+"""A waiting receive looks again at least this often (it is woken by a new message on its
+queues and by a revive on this node; this is only a safety net)."""
 MAX_ACK_HANDLES: Final = 1024
 """Handles one ack request may name (sent to Raft in commands of
 :data:`~cluster.pop.state.MAX_ITEMS_PER_COMMAND`)."""
@@ -406,15 +406,13 @@ async def _wait_for_messages(
     keys = [(args.topic, q) for q in queues if q < n]
     futures = [broker.waiters.register(t, q, store.max_offset(t, q)) for t, q in keys]
     try:
+        revived = broker.pop.revived_future()
         if keys and broker.pop.visible(group, args.topic, args.queue):
             return
-        waits: list[asyncio.Future[Any]] = list(futures)
+        waits: list[asyncio.Future[Any]] = [*futures, revived]
         if gone is not None:
             waits.append(gone)
-        if waits:
-            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        else:
-            await asyncio.sleep(timeout_s)
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for t, q in keys:
             broker.waiters.release(t, q)
