@@ -173,11 +173,13 @@ class Broker:
 
     def _on_apply(self, result: ApplyResult) -> None:
         # Raft thread. Only cross to the loop when someone waits, and wake only the queues
-        # written to; an extension's deliveries do not say where they went, so the loop looks.
+        # written to. Where the outcomes do not say (an extension's deliveries, and every
+        # command on a follower, whose store builds no placements), the loop looks.
         if not self.waiters.waiting or not result.messages:
             return
-        if result.outcomes:
-            self.waiters.applied((p.topic, p.queue_id) for o in result.outcomes for p in o.placed)
+        written = {(p.topic, p.queue_id) for o in result.outcomes for p in o.placed}
+        if written:
+            self.waiters.applied(written)
         else:
             self.waiters.grown()
 
