@@ -7,11 +7,12 @@ and a receipt handle from before a failover still acks on the new leader.
 
 ``ReceiveMessage`` answers as the RocketMQ proxy does: a ``status`` first (``OK``, or
 ``MESSAGE_NOT_FOUND`` when the long poll ended empty), then one ``message`` per hand-out, then
-the ``delivery_timestamp``. A request without an invisible duration takes
-:data:`AUTO_RENEW_INVISIBLE_MS` when it asks for ``auto_renew`` (a push consumer, which then
-acks, or changes the invisible time to its back-off on failure), and is refused otherwise. The
-long poll is bounded by ``max_wait_ms`` and by the call's deadline, keeping
-:data:`DEADLINE_MARGIN_S` for the hand-out's commit.
+the ``delivery_timestamp``. Like the proxy, a receive pops every queue of the topic (the
+request's ``message_queue`` names a broker, and we are one). A request without an invisible
+duration takes :data:`AUTO_RENEW_INVISIBLE_MS` when it asks for ``auto_renew`` (a push
+consumer, which then acks, or changes the invisible time to its back-off on failure), and is
+refused otherwise. The long poll is bounded by ``max_wait_ms`` and by the call's deadline,
+keeping :data:`DEADLINE_MARGIN_S` for the hand-out's commit.
 
 The node that serves a receive writes ``consumed`` latency lines for first deliveries, so the
 Spark report sees the end-to-end lateness of timer messages received over gRPC.
@@ -131,10 +132,14 @@ def receive_args(
     wait_ms = min(poll_ms, max_wait_ms)
     if remaining_s is not None:
         wait_ms = min(wait_ms, max(0, int((remaining_s - DEADLINE_MARGIN_S) * 1000)))
-    queue = int(request.message_queue.id)
     return ReceiveArgs(
         topic=topic,
-        queue=None if queue < 0 else queue,
+        # Every queue of the topic, starting at a rotating one, whatever queue the request
+        # names: the RocketMQ proxy takes only the broker from ``message_queue`` and pops all
+        # of that broker's queues. Popping the named queue alone made a SimpleConsumer (which
+        # names its route's queues in turn) long-poll an empty queue while others held a
+        # backlog.
+        queue=None,
         max_messages=min(batch or MAX_POP_MESSAGES, MAX_POP_MESSAGES),
         invisible_ms=invisible_ms,
         wait_ms=wait_ms,
