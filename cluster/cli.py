@@ -533,6 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
             "chronomq bench produce --nodes 3 --messages 200000 --out produce.json",
             "chronomq bench schedule --levels 4 --messages-per-level 20000 --out schedule.json",
             "chronomq bench timer --rate 2000 --duration 60 --out timer.json",
+            "chronomq bench grpc --out grpc.json",
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -559,6 +560,12 @@ def build_parser() -> argparse.ArgumentParser:
         from ops.bench_schedule import register as register_bench_schedule
 
         register_bench_schedule(bsub)
+    except ImportError:
+        pass
+    try:
+        from ops.bench_grpc import register as register_bench_grpc
+
+        register_bench_grpc(bsub)
     except ImportError:
         pass
     try:

@@ -57,6 +57,7 @@ def test_the_tree_covers_every_command() -> None:
         "bench produce",
         "bench schedule",
         "bench timer",
+        "bench grpc",
         "config",
         "api",
         "drill",
