@@ -4,15 +4,24 @@ Safety counts (any of them non-zero fails the drill):
 
 - ``lost``: produce acknowledged (``ok``), never consumed, and not a timer whose cancel was
   confirmed (answer ``cancelled``).
-- ``duplicated``: consumed at more than one position (topic, queue, offset).
+- ``duplicated``: consumed at more than one position (topic, queue, offset). With pop
+  consumption (``delivery="pop"``, the gRPC workload's ``SimpleConsumer``) there are no
+  positions: a message is duplicated when it was acked successfully more than once, each time
+  on its own receive.
 - ``early``: a delayed message consumed before it was due, by the delivering leader's clock
-  (the copy's ``store_ms``) or by the drill's clock when it was read, less the clock skew the
-  drill injected (``skew_allowance_ms``).
+  (the copy's ``store_ms``; for a pop, ``handed_ms``, when the broker answered the receive) or
+  by the drill's clock when it was read, less the clock skew the drill injected
+  (``skew_allowance_ms``). The timer wheel delivers a slot once its last millisecond has
+  come, so its precision needs no allowance.
 - ``unexpected``: consumed but never produced by this drill.
 - ``cancelled_delivered``: a timer whose cancel was confirmed, delivered anyway.
 
 Reported only: ``recovered`` (a produce that failed or whose outcome was unknown, delivered
-anyway, which is allowed: "unknown" means exactly that), lateness of delayed messages (copy
+anyway, which is allowed: "unknown" means exactly that), with pop consumption ``redelivered``
+(received more than once but acked successfully at most once: after an ack failed or went
+unanswered, or after the invisible time passed, which is at-least-once delivery) and
+``unacked`` (acknowledged and received, never acked successfully, and no ack left without an
+answer that may have counted: the broker still owed it a delivery), lateness of delayed messages (copy
 ``store_ms`` minus due), and per fault the time from its start to the next acknowledged produce
 (invoked after the start) and to the next delivery of a delayed message (RTO). A fault made of
 several disruptions (``transfer-leader``: each transfer; ``membership``: the removal and the
@@ -46,6 +55,9 @@ class CheckResult:
     cancelled_delivered: int = 0
     recovered: int = 0
     cancelled: int = 0
+    delivery: str = "pull"
+    redelivered: int = 0
+    unacked: int = 0
     lateness_ms: dict[str, float | None] = field(default_factory=dict)
     rto_s: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
     produce_rto_s: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
@@ -58,6 +70,11 @@ class CheckResult:
         return all(getattr(self, name) == 0 for name in SAFETY)
 
     def as_dict(self) -> dict[str, Any]:
+        pop = (
+            {"delivery": self.delivery, "redelivered": self.redelivered, "unacked": self.unacked}
+            if self.delivery == "pop"
+            else {}
+        )
         return {
             "produced": self.produced,
             "acknowledged": self.acknowledged,
@@ -69,6 +86,7 @@ class CheckResult:
             "cancelled_delivered": self.cancelled_delivered,
             "recovered": self.recovered,
             "cancelled": self.cancelled,
+            **pop,
             "lateness_ms": self.lateness_ms,
             "rto_s": self.rto_s,
             "produce_rto_s": self.produce_rto_s,
@@ -88,6 +106,17 @@ class _Message:
     due_ms: int | None = None
     cancel: str | None = None  # the confirmed answer of a cancel, if any
     copies: list[Mapping[str, Any]] = field(default_factory=list)
+    acks_ok: int = 0
+    acks_unknown: int = 0
+
+
+def _server_ms(copy: Mapping[str, Any]) -> int | None:
+    """When the broker gave out this copy, by its clock: the delivered record's store time
+    (pull), or the receive's answer time (pop)."""
+    value = copy.get("store_ms")
+    if value is None:
+        value = copy.get("handed_ms")
+    return None if value is None else int(value)
 
 
 def _summary(values: list[float]) -> dict[str, float | int | None]:
@@ -102,8 +131,14 @@ def _summary(values: list[float]) -> dict[str, float | int | None]:
     }
 
 
-def check(records: Iterable[Mapping[str, Any]], *, skew_allowance_ms: int = 0) -> CheckResult:
-    """Check a history (records as :mod:`ops.drill.history` writes them)."""
+def check(
+    records: Iterable[Mapping[str, Any]], *, skew_allowance_ms: int = 0, delivery: str = "pull"
+) -> CheckResult:
+    """Check a history (records as :mod:`ops.drill.history` writes them). ``delivery`` is
+    ``"pull"`` (the HTTP workload reads queues by offset) or ``"pop"`` (the gRPC workload
+    receives and acks)."""
+    if delivery not in ("pull", "pop"):
+        raise ValueError(f"delivery is 'pull' or 'pop', not {delivery!r}")
     messages: dict[str, _Message] = {}
     faults: list[dict[str, Any]] = []
     disruptions: list[dict[str, Any]] = []
@@ -139,12 +174,19 @@ def check(records: Iterable[Mapping[str, Any]], *, skew_allowance_ms: int = 0) -
                 unexpected.add(str(token if token is not None else rec.get("msg_id")))
                 continue
             messages[token].copies.append(rec)
+        elif op == "ack" and kind in ("ok", "unknown"):
+            token = rec.get("token")
+            if token in messages:
+                if kind == "ok":
+                    messages[token].acks_ok += 1
+                else:
+                    messages[token].acks_unknown += 1
         elif op == "fault" and kind == "start":
             faults.append(dict(rec))
         elif op == "fault" and kind == "disruption":
             disruptions.append(dict(rec))
 
-    result = CheckResult(faults=faults)
+    result = CheckResult(faults=faults, delivery=delivery)
     examples: dict[str, list[str]] = defaultdict(list)
     lateness: list[float] = []
     for m in messages.values():
@@ -167,12 +209,21 @@ def check(records: Iterable[Mapping[str, Any]], *, skew_allowance_ms: int = 0) -
                 examples["lost"].append(m.token)
         elif m.copies:
             result.recovered += 1
-        if len(positions) > 1:
+        if delivery == "pull" and len(positions) > 1:
             result.duplicated += 1
             examples["duplicated"].append(m.token)
+        if delivery == "pop":
+            if m.acks_ok > 1:
+                result.duplicated += 1
+                examples["duplicated"].append(m.token)
+            elif len(m.copies) > 1:
+                result.redelivered += 1
+                examples["redelivered"].append(m.token)
+            if m.outcome == "ok" and m.copies and m.acks_ok == 0 and m.acks_unknown == 0:
+                result.unacked += 1
+                examples["unacked"].append(m.token)
         if m.copies and m.due_ms is not None:
-            first = min(m.copies, key=lambda c: int(c.get("store_ms", 0)))
-            store_ms = int(first.get("store_ms", 0))
+            store_ms = min(_server_ms(c) or 0 for c in m.copies)
             seen_ms = min(int(c["t_ms"]) for c in m.copies)
             if min(store_ms, seen_ms) < m.due_ms - skew_allowance_ms:
                 result.early += 1
@@ -220,11 +271,11 @@ def _recovery(
     """Per fault type: seconds from each mark (a fault's start, or one of its disruptions) to
     the next delivery and produce."""
     deliveries = sorted(
-        int(c["store_ms"])
+        ms
         for m in messages.values()
         if m.kind != "plain"
         for c in m.copies
-        if c.get("store_ms") is not None
+        if (ms := _server_ms(c)) is not None
     )
     produce_oks = sorted(produce_oks)
     invoked_at = [invoked for invoked, _ in produce_oks]

@@ -13,6 +13,10 @@ Everything the drill creates (processes, namespaces, bridge, nftables rules, clo
 is removed when it ends, also on Ctrl-C or failure. The output directory keeps the history
 (``history.jsonl``), every node's ops logs (``logs/n<i>``) and the drill's fault events
 (``logs/drill``), so ``chronomq report --logs OUT/logs --out REPORT`` shows the failover windows.
+
+``--client http`` (the default) produces and pulls over the HTTP API; ``--client grpc`` sends
+with the official RocketMQ 5 ``Producer`` and receives and acks with its ``SimpleConsumer``
+(pop consumption), see :mod:`ops.drill.grpc_workload`. The checker is the same.
 """
 
 from __future__ import annotations
@@ -33,9 +37,11 @@ from cluster.launcher import LocalCluster, parse_sets
 from ops.drill import faults as faultlib
 from ops.drill import netns
 from ops.drill.checker import SAFETY, check
+from ops.drill.grpc_workload import GrpcWorkload
 from ops.drill.history import History, now_ms, read_history
 from ops.drill.workload import TOPIC, Workload, WorkloadConfig
 from ops.output import print_rows, write_json
+from schedule.levels import DelayLevelTable
 
 DRILL_SETTINGS = {
     "message_delay_level": "1s 2s 3s 5s",
@@ -106,6 +112,7 @@ async def _drill(
     events = _event_writer(out / "logs")
     stop_consumers = asyncio.Event()
     result: dict[str, Any] = {}
+    grpc_workload: GrpcWorkload | None = None
     try:
         async with Client(
             cluster.urls,
@@ -119,13 +126,22 @@ async def _drill(
             if not await _timers_supported(client):
                 _progress("this broker does not accept timers (deliver_at_ms); skipping them")
                 kinds.remove("timer")
-            workload = Workload(
-                client,
-                history,
-                workload_rng,
-                args.seed,
-                WorkloadConfig(rate=args.rate, kinds=tuple(kinds)),
-            )
+            config = WorkloadConfig(rate=args.rate, kinds=tuple(kinds))
+            workload: Workload | GrpcWorkload
+            if args.client == "grpc":
+                workload = GrpcWorkload(
+                    cluster.grpc_endpoints,
+                    history,
+                    workload_rng,
+                    args.seed,
+                    _level_delays_ms(args),
+                    token=cluster.auth_token,
+                    config=config,
+                )
+                grpc_workload = workload
+                await workload.start()
+            else:
+                workload = Workload(client, history, workload_rng, args.seed, config)
             consumers = workload.start_consumers(stop_consumers)
 
             def record(type_: str, **detail: Any) -> None:
@@ -204,10 +220,18 @@ async def _drill(
             result["findings"] = findings
             result["skew_allowance_ms"] = ctx.skew_ms + 50 if ctx.skew_ms else 0
     finally:
+        if grpc_workload is not None:
+            await grpc_workload.close()
         history.close()
         if events is not None:
             events.close()
     return result
+
+
+def _level_delays_ms(args: argparse.Namespace) -> tuple[int, ...]:
+    """The delay-level table the drill's nodes run with (``--set`` may replace it)."""
+    text = parse_sets(args.set).get("message_delay_level", DRILL_SETTINGS["message_delay_level"])
+    return DelayLevelTable.parse(text).delays_ms
 
 
 def _brief(detail: dict[str, Any]) -> str:
@@ -267,10 +291,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     checked = check(
-        read_history(out / "history.jsonl"), skew_allowance_ms=extra["skew_allowance_ms"]
+        read_history(out / "history.jsonl"),
+        skew_allowance_ms=extra["skew_allowance_ms"],
+        delivery="pop" if args.client == "grpc" else "pull",
     )
     result = {
         "nodes": args.nodes,
+        "client": args.client,
         "seed": args.seed,
         "duration_s": args.duration,
         "faults": args.faults,
@@ -290,6 +317,7 @@ def _table(result: dict[str, Any]) -> None:
         ("consumed", result["consumed"]),
         *[(name, result[name]) for name in SAFETY],
         ("recovered", result["recovered"]),
+        *[(name, result[name]) for name in ("redelivered", "unacked") if name in result],
         ("cancelled", result["cancelled"]),
         ("lateness p50/p99/max ms", "{p50} / {p99} / {max}".format(**result["lateness_ms"])),
         ("replicas converged", result.get("replicas_converged")),
@@ -317,6 +345,9 @@ def main(args: argparse.Namespace) -> int:
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1, 10**6)
     print(f"seed {args.seed}", file=sys.stderr, flush=True)
+    if args.client == "grpc" and parse_sets(args.set).get("tls_cert_file"):
+        print("chronomq drill: --client grpc does not speak TLS yet", file=sys.stderr)
+        return 2
     unknown = [f for f in args.faults if f not in faultlib.ALL_FAULTS]
     if unknown:
         print(
@@ -365,6 +396,7 @@ def register(subparsers: Any) -> None:
         "  chronomq drill --nodes 3 --faults kill-leader,kill-follower,pause-leader "
         "--duration 60 --seed 7 --out drill.json\n"
         "  chronomq drill --nodes 3 --faults transfer-leader,membership --duration 60 --seed 7\n"
+        "  chronomq drill --client grpc --faults kill-leader --duration 30 --seed 7\n"
         "  sudo chronomq drill --nodes 5 --faults all --duration 600 --out drill5.json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -377,6 +409,13 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--duration", type=float, default=60.0, help="seconds of workload")
     p.add_argument("--seed", type=int, default=None, help="makes the fault order repeatable")
+    p.add_argument(
+        "--client",
+        choices=["http", "grpc"],
+        default="http",
+        help="http: produce and pull over the HTTP API (default); grpc: the official "
+        "RocketMQ 5 Producer and SimpleConsumer (receive and ack)",
+    )
     p.add_argument("--rate", type=float, default=100.0, help="messages per second")
     p.add_argument(
         "--hold", type=float, default=faultlib.DEFAULT_HOLD_S, help="seconds a fault lasts"
