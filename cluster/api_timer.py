@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from cluster.errors import ApiError, bad_request
 
@@ -153,64 +154,77 @@ def add_routes(app: web.Application) -> None:
 # ---------------------------------------------------------------------- metrics
 
 
+class _TimerCollector:
+    """The timer's gauges and counters, read on every scrape."""
+
+    def __init__(self, app: web.Application) -> None:
+        self._app = app
+
+    def collect(self) -> Iterator[Metric]:
+        from cluster.api import BROKER
+
+        service = self._app[BROKER].timer
+        if service is None:
+            return
+        st = service.stats()
+        for name, doc, value in (
+            ("active", "1 while this node drives the timer", 1 if st["active"] else 0),
+            ("backlog", "Messages waiting in the wheel", st["backlog"]["total"]),
+            (
+                "read_behind_seconds",
+                "How far the read cursor is behind now",
+                st["read_behind_ms"] / 1000,
+            ),
+            (
+                "offset_behind",
+                "Timer-topic messages not yet put into the wheel",
+                st["offset_behind"],
+            ),
+            (
+                "enqueue_per_second",
+                "Messages enqueued per second",
+                st["rates"]["enqueue_per_s"],
+            ),
+            (
+                "dequeue_per_second",
+                "Messages delivered per second",
+                st["rates"]["dequeue_per_s"],
+            ),
+            (
+                "inflight_commands",
+                "Timer commands proposed, not settled",
+                st["inflight_commands"],
+            ),
+        ):
+            yield GaugeMetricFamily(f"chronomq_timer_{name}", doc, value=value)
+        yield CounterMetricFamily(
+            "chronomq_timer_rejected",
+            "Produces refused for a congested slot, on this node since start",
+            value=st["congestion"]["rejected"],
+        )
+        totals = CounterMetricFamily(
+            "chronomq_timer_messages",
+            "Running totals of the timer (replicated: the same on every node)",
+            labels=["event"],
+        )
+        for event, value in st["totals"].items():
+            totals.add_metric([event], value)
+        yield totals
+        by_topic = GaugeMetricFamily(
+            "chronomq_timer_backlog_by_topic",
+            "Messages waiting in the wheel per real topic (largest 50)",
+            labels=["topic"],
+        )
+        top = sorted(st["backlog"]["by_topic"].items(), key=lambda kv: -kv[1])[:50]
+        for topic, value in top:
+            by_topic.add_metric([topic], value)
+        yield by_topic
+
+
 def install_metrics(app: web.Application) -> None:
     """Add the service's Prometheus metrics to the app's registry. (``timer_stop_enqueue`` and
     ``timer_stop_dequeue`` in ``PATCH /v1/admin/config`` are these switches:
     :mod:`cluster.runtimeconfig`.)"""
-    from cluster.api import BROKER, METRICS
+    from cluster.api import METRICS
 
-    metrics = app[METRICS]
-    r = metrics.registry
-    g = {
-        "active": Gauge("chronomq_timer_active", "1 while this node drives the timer", registry=r),
-        "backlog": Gauge("chronomq_timer_backlog", "Messages waiting in the wheel", registry=r),
-        "read_behind": Gauge(
-            "chronomq_timer_read_behind_ms", "How far the read cursor is behind now", registry=r
-        ),
-        "offset_behind": Gauge(
-            "chronomq_timer_offset_behind",
-            "Timer-topic messages not yet put into the wheel",
-            registry=r,
-        ),
-        "enqueue_rate": Gauge(
-            "chronomq_timer_enqueue_per_second", "Messages enqueued per second", registry=r
-        ),
-        "dequeue_rate": Gauge(
-            "chronomq_timer_dequeue_per_second", "Messages delivered per second", registry=r
-        ),
-        "rejected": Gauge(
-            "chronomq_timer_rejected", "Produces refused for a congested slot", registry=r
-        ),
-        "inflight": Gauge(
-            "chronomq_timer_inflight_commands", "Timer commands proposed, not settled", registry=r
-        ),
-    }
-    totals = Gauge("chronomq_timer_messages", "Running totals of the timer", ["event"], registry=r)
-    by_topic = Gauge(
-        "chronomq_timer_backlog_by_topic",
-        "Messages waiting in the wheel per real topic (largest 50)",
-        ["topic"],
-        registry=r,
-    )
-
-    def collect() -> None:
-        service = app[BROKER].timer
-        if service is None:
-            return
-        st = service.stats()
-        g["active"].set(1 if st["active"] else 0)
-        g["backlog"].set(st["backlog"]["total"])
-        g["read_behind"].set(st["read_behind_ms"])
-        g["offset_behind"].set(st["offset_behind"])
-        g["enqueue_rate"].set(st["rates"]["enqueue_per_s"])
-        g["dequeue_rate"].set(st["rates"]["dequeue_per_s"])
-        g["rejected"].set(st["congestion"]["rejected"])
-        g["inflight"].set(st["inflight_commands"])
-        for event, value in st["totals"].items():
-            totals.labels(event).set(value)
-        by_topic.clear()
-        top = sorted(st["backlog"]["by_topic"].items(), key=lambda kv: -kv[1])[:50]
-        for topic, value in top:
-            by_topic.labels(topic).set(value)
-
-    metrics.collectors.append(collect)
+    app[METRICS].registry.register(_TimerCollector(app))

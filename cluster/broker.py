@@ -24,6 +24,7 @@ import aiohttp
 from cluster import idempotency, membership, reserved
 from cluster.config import NodeConfig, Peer
 from cluster.errors import ApiError, bad_request
+from cluster.nodemetrics import DeliveryLateness
 from cluster.peerhttp import PeerHttp
 from cluster.pull import (
     INLINE_READ_BYTES,
@@ -94,6 +95,9 @@ class Broker:
         self._rr: dict[str, itertools.count[int]] = {}
         self.last_election_ms: float | None = None
         self.leader_changes: collections.deque[dict[str, Any]] = collections.deque(maxlen=100)
+        self.leader_changes_total = 0  # after the first leader this node knew
+        # How late the schedule and timer services deliver (cluster.services observes it).
+        self.lateness = DeliveryLateness()
         self._leader_seen: str | None = None
         self._leaderless_since: float | None = None
         self._monitor: asyncio.Task[None] | None = None
@@ -148,6 +152,8 @@ class Broker:
             if self._leaderless_since is not None:
                 election_ms = round((now - self._leaderless_since) * 1000, 1)
                 self.last_election_ms = election_ms
+            if seen is not None or election_ms is not None:
+                self.leader_changes_total += 1
             self._leaderless_since = None
             self.leader_changes.append(
                 {

@@ -247,7 +247,7 @@ def test_cancel_before_and_after_delivery(make_cluster: Any) -> None:
             ):
                 text = await r.text()
             assert "chronomq_timer_backlog 1.0" in text
-            assert 'chronomq_timer_messages{event="tombstones"} 2.0' in text
+            assert 'chronomq_timer_messages_total{event="tombstones"} 2.0' in text
 
     asyncio.run(go())
     cluster.wait_converged(30)
