@@ -235,3 +235,37 @@ async def test_async_producer_and_consumer_with_retry(make_cluster: Any) -> None
     assert any(m.msg_id == timer.msg_id for m in seen)
     assert committed(urls, "default", "events") == max_offsets(urls, "events")
     assert committed(urls, "default", "%RETRY%default") == {0: 1}
+
+
+def test_readme_example_runs(make_cluster: Any) -> None:
+    """README's "Using the Python client" example, as written but for the node URLs."""
+    import re
+    import subprocess
+    import sys
+
+    from tests.test_readme_tour import README
+
+    block = re.search(
+        r"<!-- python-client-example:start -->\n```python\n(.*?)```\n"
+        r"<!-- python-client-example:end -->",
+        README.read_text(),
+        re.S,
+    )
+    assert block is not None
+    written = '["http://127.0.0.1:8080", "http://127.0.0.1:8081", "http://127.0.0.1:8082"]'
+    assert written in block.group(1)
+    cluster: LocalCluster = make_cluster(3)
+    cluster.wait_leader(60)
+    cluster.wait_all_know_leader(30)
+    code = block.group(1).replace(written, repr(cluster.urls))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "order 43 timeout: cancelled", lines
+    assert sorted(lines[1:]) == [
+        "got 'order 42: cancel if unpaid' from checkout reconsume_times 0",
+        "got 'order 44: send the invoice' from %RETRY%default reconsume_times 1",
+        "got 'order 44: send the invoice' from checkout reconsume_times 0",
+    ]
+    stored = max_offsets(cluster.urls, "checkout")
+    assert committed(cluster.urls, "default", "checkout") == {q: o for q, o in stored.items() if o}
