@@ -10,7 +10,9 @@ a kept-alive one turns out to be closed by the node.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import socket
 import ssl
 import threading
 import time
@@ -21,6 +23,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from chronomq._wire import USER_AGENT, Attempts, Done, Nodes, Wait, parse_urls
+from chronomq.errors import UnavailableError
 
 MAX_IDLE_PER_NODE = 8
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
@@ -39,6 +42,7 @@ class ConnectionPool:
     def __init__(self, ssl_context: ssl.SSLContext | None) -> None:
         self._ssl = ssl_context
         self._idle: dict[str, list[http.client.HTTPConnection]] = {}
+        self._busy: set[http.client.HTTPConnection] = set()
         self._lock = threading.Lock()
         self._closed = False
 
@@ -53,11 +57,14 @@ class ConnectionPool:
 
     def _take(self, base: str) -> http.client.HTTPConnection | None:
         with self._lock:
+            if self._closed:
+                raise ConnectionAbortedError("the client is closed")
             idle = self._idle.get(base)
             return idle.pop() if idle else None
 
     def _give_back(self, base: str, conn: http.client.HTTPConnection) -> None:
         with self._lock:
+            self._busy.discard(conn)
             idle = self._idle.setdefault(base, [])
             if not self._closed and len(idle) < MAX_IDLE_PER_NODE:
                 idle.append(conn)
@@ -78,37 +85,53 @@ class ConnectionPool:
         reused = conn is not None
         while True:
             if conn is None:
+                if self._closed:
+                    raise ConnectionAbortedError("the client is closed")
                 conn = self._new(base, timeout_s)
             else:
                 conn.timeout = timeout_s
                 if conn.sock is not None:
                     conn.sock.settimeout(timeout_s)
+            with self._lock:
+                self._busy.add(conn)
             try:
                 conn.request(method, prefix + target, body=body, headers=dict(headers))
                 r = conn.getresponse()
                 raw = r.read()
             except _STALE:
-                conn.close()
+                self._drop(conn)
                 if not reused:
                     raise
                 conn, reused = None, False  # the node closed an idle connection: once more
                 continue
             except BaseException:
-                conn.close()
+                self._drop(conn)
                 raise
             if r.will_close:
-                conn.close()
+                self._drop(conn)
             else:
                 self._give_back(base, conn)
             return r.status, r.headers, raw
 
+    def _drop(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            self._busy.discard(conn)
+        conn.close()
+
     def close(self) -> None:
+        """Close idle connections and cut those in use (a long-poll ends at once)."""
         with self._lock:
             self._closed = True
             conns = [c for idle in self._idle.values() for c in idle]
             self._idle.clear()
+            busy = list(self._busy)
         for c in conns:
             c.close()
+        for c in busy:
+            sock = c.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
 
 class SyncTransport:
@@ -131,6 +154,7 @@ class SyncTransport:
             self._headers["Authorization"] = f"Bearer {token}"
         needs_tls = any(u.startswith("https://") for u in self.nodes.urls)
         self._pool = ConnectionPool(client_ssl_context(ca_file) if needs_tls else None)
+        self._closed = False
 
     def call(
         self,
@@ -159,6 +183,8 @@ class SyncTransport:
                     base, method, target, body, hdrs, timeout_s
                 )
             except (OSError, http.client.HTTPException) as exc:
+                if self._closed:
+                    raise UnavailableError("the client is closed") from exc
                 step: Done | Wait = attempts.failed(base, exc, time.monotonic())
             else:
                 step = attempts.answered(base, status, answer_headers.get, raw, time.monotonic())
@@ -167,4 +193,5 @@ class SyncTransport:
             time.sleep(step.sleep_s)
 
     def close(self) -> None:
+        self._closed = True
         self._pool.close()

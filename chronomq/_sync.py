@@ -321,9 +321,9 @@ class Consumer:
                 self._commit()
         finally:
             self._closed.set()
+            self._t.close()  # cuts the long-polls short
             for th in self._threads:
                 th.join(timeout_s / max(1, len(self._threads)))
-            self._t.close()
 
     # ------------------------------------------------------------------ internals
 
@@ -369,6 +369,8 @@ class Consumer:
                 self._error = exc
                 return
             except ChronomqError as exc:
+                if self._closed.is_set():
+                    return
                 log.warning("pull %s/%d failed, retrying: %s", start.topic, start.queue, exc)
                 self._closed.wait(0.2)
                 continue
