@@ -12,6 +12,7 @@ COPY schedule ./schedule
 COPY timer ./timer
 COPY cluster ./cluster
 COPY ops ./ops
+COPY chronomq ./chronomq
 RUN python -m venv /opt/chronomq \
     && /opt/chronomq/bin/pip install .
 

@@ -20,8 +20,8 @@ run: $(STAMP)
 	$(BIN)/chronomq cluster up --nodes 3 --http-port 8080 --raft-port 9080 --data-dir ./var
 
 lint: $(STAMP)
-	$(BIN)/ruff check raftlog schedule timer cluster ops tests
-	$(BIN)/ruff format --check raftlog schedule timer cluster ops tests
+	$(BIN)/ruff check raftlog schedule timer cluster ops chronomq tests
+	$(BIN)/ruff format --check raftlog schedule timer cluster ops chronomq tests
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
