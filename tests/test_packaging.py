@@ -69,9 +69,11 @@ _SECRETS = {"CHRONOMQ_CLUSTER_SECRET": "s" * 32, "CHRONOMQ_AUTH_TOKEN": "t" * 32
 
 
 def _services() -> dict[str, Any]:
+    """The broker nodes: the services that run in the default profile (Prometheus and Grafana
+    are in the observability profile)."""
     doc = yaml.safe_load((ROOT / "compose.yaml").read_text())
     services: dict[str, Any] = doc["services"]
-    return services
+    return {name: s for name, s in services.items() if not s.get("profiles")}
 
 
 def test_compose_names_three_nodes_whose_configs_load_and_peers_agree() -> None:
