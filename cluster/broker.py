@@ -154,6 +154,7 @@ class Broker:
                     "at_ms": self.raftlog.clock.now_ms(),
                     "from": self.node_id_of(seen),
                     "to": self.node_id_of(leader),
+                    "term": self.raftlog.machine.raftCurrentTerm,
                     "election_ms": election_ms,
                 }
             )
@@ -1032,6 +1033,7 @@ class Broker:
             "leader": leader,
             "term": term,
             "nodes": nodes,
+            "leader_changes": list(self.leader_changes),
             "membership_history": self.membership_history(),
         }
 
