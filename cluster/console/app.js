@@ -104,6 +104,12 @@ export function h(tag, attrs = {}, ...children) {
   return el;
 }
 
+// Replace an element's children (arrays flattened, strings as text).
+export function fill(el, ...children) {
+  el.replaceChildren();
+  append(el, children);
+}
+
 function append(el, children) {
   for (const c of children) {
     if (c === undefined || c === null || c === false) continue;

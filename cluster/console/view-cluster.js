@@ -1,6 +1,6 @@
 // Cluster: every node's role, term, indexes, lag, reachability and uptime; the leader; a
 // timeline of leader changes. Polled twice a second, so a failover shows within a second.
-import { api, badge, card, fmtDuration, fmtInt, fmtTime, h, table } from "./app.js";
+import { api, fill, badge, card, fmtDuration, fmtInt, fmtTime, h, table } from "./app.js";
 
 export function create(main) {
   const summary = h("section", { class: "cards", id: "cluster-summary" });
@@ -50,7 +50,7 @@ export function create(main) {
       others.textContent = "";
     },
     failed() {
-      others.replaceChildren("This node does not answer. The console of another node: ",
+      fill(others, "This node does not answer. The console of another node: ",
         known.map((u) => h("a", { href: `${u}/console#cluster` }, u)).flatMap((a) => [a, " "]));
     },
   };

@@ -1,5 +1,5 @@
 // Consumer groups: committed offsets and lag per queue; the group's retry and DLQ topics.
-import { api, badge, fmtInt, h, table } from "./app.js";
+import { api, fill, badge, fmtInt, h, table } from "./app.js";
 
 function side(label, t) {
   return h("span", { class: "side" }, `${label}: `, h("code", {}, t.topic), " ",
@@ -14,7 +14,7 @@ export function create(main) {
     every: 2000,
     async refresh() {
       const r = await api("/v1/groups");
-      list.replaceChildren(r.groups.length === 0 ? h("p", { class: "hint" }, "No consumer group has committed an offset yet.") :
+      fill(list, r.groups.length === 0 ? h("p", { class: "hint" }, "No consumer group has committed an offset yet.") :
         r.groups.map((g) => h("article", { class: "group", "data-group": g.group },
           h("h2", {}, g.group, " ", badge(`lag ${fmtInt(g.lag)}`, g.lag ? "warn" : "good")),
           h("p", {}, side("retry", g.retry), " · ", side("DLQ", g.dlq)),

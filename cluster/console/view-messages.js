@@ -1,6 +1,6 @@
 // Messages: look one up by msg_id, or by key in a topic; where it waits and when it is due, or
 // when and where it was delivered.
-import { api, badge, errorText, fmtTime, fmtWhen, h } from "./app.js";
+import { api, fill, badge, errorText, fmtTime, fmtWhen, h } from "./app.js";
 
 function place(p) {
   return p ? `${p.topic} queue ${p.queue} offset ${p.offset}` : "–";
@@ -57,7 +57,7 @@ export function create(main) {
     out.replaceChildren(h("p", { class: "hint" }, "Searching…"));
     try {
       const r = await api(`/v1/topics/${encodeURIComponent(topic)}/messages?key=${encodeURIComponent(key)}`);
-      out.replaceChildren(
+      fill(out,
         h("p", { class: "hint" }, `${r.messages.length} message(s) with key ${r.key} in ${r.topic}` +
           `${r.complete ? "" : " (the scan stopped at its bound: older ones may exist)"}${r.truncated ? ", more not shown" : ""}.`),
         r.messages.map(describe));
