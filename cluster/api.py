@@ -740,7 +740,12 @@ async def receive_removal(request: web.Request) -> web.Response:
 async def healthz(request: web.Request) -> web.Response:
     broker = request.app.get(BROKER)  # the probe answers before anything else is set up
     removed = broker is not None and broker.raftlog.removal is not None
-    return json_response({"status": "ok", "removed_from_cluster": removed})
+    # Whether the other routes need the token: what a 401 would say anyway, and what lets
+    # the console ask for the token before its first call.
+    auth_required = broker is not None and bool(broker.config.auth_token)
+    return json_response(
+        {"status": "ok", "removed_from_cluster": removed, "auth_required": auth_required}
+    )
 
 
 async def readyz(request: web.Request) -> web.Response:
@@ -790,11 +795,13 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/readyz", readyz)
     r.add_get("/metrics", metrics)
     r.add_get("/openapi.json", openapi)
-    from cluster import api_pop, api_schedule, api_timer
+    from cluster import api_console, api_lookup, api_pop, api_schedule, api_timer
 
     api_schedule.add_routes(app)
     api_timer.add_routes(app)
     api_pop.add_routes(app)
+    api_lookup.add_routes(app)
+    api_console.add_routes(app)
 
 
 def create_app(broker: Broker) -> web.Application:

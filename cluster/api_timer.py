@@ -17,6 +17,7 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from cluster.errors import ApiError, bad_request
+from timer.errors import TimerStateError
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,42 @@ ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
         None,
         _STATS,
         [],
+    ),
+    ("GET", "/v1/admin/timer/histogram"): (
+        "What falls due in the next minutes (default 60, at most 60) in buckets equal buckets "
+        "(default 60, at most 120), from this node's wheel: messages and cancels per bucket, "
+        "and the overdue messages in slots the read cursor has not passed yet.",
+        None,
+        {
+            "type": "object",
+            "properties": {
+                "from_ms": {"type": "integer"},
+                "to_ms": {"type": "integer"},
+                "bucket_ms": {"type": "integer"},
+                "precision_ms": {"type": "integer"},
+                "total": {"type": "integer"},
+                "buckets": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "start_ms": {"type": "integer"},
+                            "messages": {"type": "integer"},
+                            "cancels": {"type": "integer"},
+                        },
+                    },
+                },
+                "overdue": {
+                    "type": "object",
+                    "properties": {
+                        "messages": {"type": "integer"},
+                        "from_ms": {"type": ["integer", "null"]},
+                        "complete": {"type": "boolean"},
+                    },
+                },
+            },
+        },
+        ["minutes", "buckets"],
     ),
     ("POST", "/v1/admin/timer/switches"): (
         "Stop or start timer enqueue and delivery cluster-wide (replicated).",
@@ -93,6 +130,19 @@ async def timer_admin(request: web.Request) -> web.Response:
     return json_response(_service(request).stats())
 
 
+async def timer_histogram(request: web.Request) -> web.Response:
+    from cluster.api import int_param, json_response
+
+    minutes = int_param(request, "minutes", 60, 1, 60)
+    buckets = int_param(request, "buckets", 60, 1, 120)
+    service = _service(request)
+    try:
+        answer = await asyncio.to_thread(service.due_histogram, minutes * 60_000, buckets)
+    except TimerStateError as exc:  # the files are being realigned right now
+        raise ApiError(503, "timer_unavailable", str(exc), None, {"Retry-After": "1"}) from None
+    return json_response(answer)
+
+
 def _switch_changes(body: Any) -> dict[str, bool]:
     if not isinstance(body, dict):
         raise bad_request(
@@ -127,8 +177,6 @@ def _position(request: web.Request, name: str) -> int:
 
 
 async def timer_log(request: web.Request) -> web.Response:
-    from timer.errors import TimerStateError
-
     service = _service(request)
     start, end = _position(request, "from"), _position(request, "to")
     if end < start:
@@ -147,6 +195,7 @@ def add_routes(app: web.Application) -> None:
     r = app.router
     r.add_delete("/v1/timers/{msg_id}", cancel_timer)
     r.add_get("/v1/admin/timer", timer_admin)
+    r.add_get("/v1/admin/timer/histogram", timer_histogram)
     r.add_post("/v1/admin/timer/switches", timer_switches)
     r.add_get("/v1/admin/timer/log", timer_log)
 

@@ -160,6 +160,7 @@ class Broker:
                     "at_ms": self.raftlog.clock.now_ms(),
                     "from": self.node_id_of(seen),
                     "to": self.node_id_of(leader),
+                    "term": self.raftlog.machine.raftCurrentTerm,
                     "election_ms": election_ms,
                 }
             )
@@ -1040,6 +1041,7 @@ class Broker:
             "leader": leader,
             "term": term,
             "nodes": nodes,
+            "leader_changes": list(self.leader_changes),
             "membership_history": self.membership_history(),
         }
 
