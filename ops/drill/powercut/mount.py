@@ -47,6 +47,28 @@ def available() -> tuple[bool, str]:
     return True, ""
 
 
+def is_mounted(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a mount point, also when its FUSE process is dead (``stat`` then
+    fails with ENOTCONN and ``os.path.ismount`` says False)."""
+    target = os.path.abspath(path)
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 1 and _unescape(fields[1]) == target:
+                    return True
+    except OSError:
+        return os.path.ismount(target)
+    return False
+
+
+def _unescape(field: str) -> str:
+    """/proc/mounts writes space, tab, newline and backslash as octal escapes."""
+    for code in ("\\040", "\\011", "\\012", "\\134"):
+        field = field.replace(code, chr(int(code[1:], 8)))
+    return field
+
+
 def _unmount(path: Path) -> None:
     for cmd in (["fusermount3", "-u", str(path)], ["umount", str(path)]):
         if shutil.which(cmd[0]) is None:
@@ -57,7 +79,7 @@ def _unmount(path: Path) -> None:
     for cmd in (["fusermount3", "-u", "-z", str(path)], ["umount", "-l", str(path)]):
         if shutil.which(cmd[0]) is not None:
             subprocess.run(cmd, capture_output=True)
-            if not os.path.ismount(path):
+            if not is_mounted(path):
                 return
 
 
@@ -155,7 +177,7 @@ class PowerCutMount:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Unmount and end the filesystem process; idempotent, never leaves a mount behind."""
-        if os.path.ismount(self.mountpoint):
+        if is_mounted(self.mountpoint):
             _unmount(self.mountpoint)
         p = self._proc
         if p is not None:
@@ -166,7 +188,7 @@ class PowerCutMount:
                     os.killpg(p.pid, 9)
                 p.wait(timeout=10)
             self._proc = None
-        if os.path.ismount(self.mountpoint):
+        if is_mounted(self.mountpoint):
             _unmount(self.mountpoint)
         if self._log is not None:
             self._log.close()
