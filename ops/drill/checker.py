@@ -2,8 +2,12 @@
 
 Safety counts (any of them non-zero fails the drill):
 
-- ``lost``: produce acknowledged (``ok``), never consumed, and not a timer whose cancel was
-  confirmed (answer ``cancelled``).
+- ``lost``: produce acknowledged (``ok``), not a timer whose cancel was confirmed (answer
+  ``cancelled``), and never consumed or, when the drill read every queue again from offset 0
+  at the end (``final`` records), not in the log any more. ``lost_after_consumed`` counts those
+  consumed before they went (a power cut took them back), ``lost_unconsumed_in_log`` those the
+  final read found but no consumer saw (written at offsets the consumers had passed: the log
+  had shrunk under them).
 - ``duplicated``: consumed at more than one position (topic, queue, offset). With pop
   consumption (``delivery="pop"``, the gRPC workload's ``SimpleConsumer``) there are no
   positions: a message is duplicated when it was acked successfully more than once, each time
@@ -15,6 +19,12 @@ Safety counts (any of them non-zero fails the drill):
   come, so its precision needs no allowance.
 - ``unexpected``: consumed but never produced by this drill.
 - ``cancelled_delivered``: a timer whose cancel was confirmed, delivered anyway.
+
+Per fault, ``faults`` gives each start with ``lost``: the lost messages whose acknowledgement
+came after the previous fault's start and before this one's (the first fault that could have
+taken them), and ``lost_acked_ms_before``, how long before the start the newest and oldest of
+them were acknowledged (what a power cut's loss window is measured by). ``lost_after_faults``
+counts the lost ones acknowledged after the last fault began.
 
 Reported only: ``recovered`` (a produce that failed or whose outcome was unknown, delivered
 anyway, which is allowed: "unknown" means exactly that), with pop consumption ``redelivered``
@@ -63,6 +73,9 @@ class CheckResult:
     produce_rto_s: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
     leaderless_s: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
     faults: list[dict[str, Any]] = field(default_factory=list)
+    lost_after_faults: int = 0
+    lost_after_consumed: int = 0
+    lost_unconsumed_in_log: int = 0
     examples: dict[str, list[str]] = field(default_factory=dict)
 
     @property
@@ -92,6 +105,9 @@ class CheckResult:
             "produce_rto_s": self.produce_rto_s,
             "leaderless_s": self.leaderless_s,
             "faults": self.faults,
+            "lost_after_faults": self.lost_after_faults,
+            "lost_after_consumed": self.lost_after_consumed,
+            "lost_unconsumed_in_log": self.lost_unconsumed_in_log,
             "examples": self.examples,
             "safe": self.safe,
         }
@@ -103,6 +119,7 @@ class _Message:
     kind: str = "plain"
     invoked: bool = False
     outcome: str | None = None  # ok / fail / unknown (the last answer)
+    ok_ms: int | None = None  # when it was acknowledged
     due_ms: int | None = None
     cancel: str | None = None  # the confirmed answer of a cancel, if any
     copies: list[Mapping[str, Any]] = field(default_factory=list)
@@ -145,6 +162,8 @@ def check(
     produce_oks: list[tuple[int, int]] = []  # (invoke t_ms, ok t_ms)
     invoke_at: dict[str, int] = {}
     unexpected: set[str] = set()
+    final: set[str] | None = None
+    ends: list[tuple[str, int]] = []
 
     def msg(token: str) -> _Message:
         m = messages.get(token)
@@ -163,6 +182,7 @@ def check(
             else:
                 m.outcome = kind
                 if kind == "ok":
+                    m.ok_ms = int(rec["t_ms"])
                     if rec.get("due_ms") is not None:
                         m.due_ms = int(rec["due_ms"])
                     produce_oks.append((invoke_at.get(m.token, rec["t_ms"]), rec["t_ms"]))
@@ -183,12 +203,17 @@ def check(
                     messages[token].acks_unknown += 1
         elif op == "fault" and kind == "start":
             faults.append(dict(rec))
+        elif op == "final":
+            final = (final or set()) | {str(t) for t in rec.get("tokens", [])}
+        elif op == "fault" and kind == "end":
+            ends.append((str(rec.get("fault")), int(rec["t_ms"])))
         elif op == "fault" and kind == "disruption":
             disruptions.append(dict(rec))
 
     result = CheckResult(faults=faults, delivery=delivery)
     examples: dict[str, list[str]] = defaultdict(list)
     lateness: list[float] = []
+    lost_messages: list[_Message] = []
     for m in messages.values():
         if not m.invoked:
             continue
@@ -204,9 +229,15 @@ def check(
             continue
         if m.outcome == "ok":
             result.acknowledged += 1
-            if not m.copies:
+            gone = final is not None and m.token not in final
+            if not m.copies or gone:
                 result.lost += 1
                 examples["lost"].append(m.token)
+                lost_messages.append(m)
+                if m.copies:
+                    result.lost_after_consumed += 1
+                elif final is not None and not gone:
+                    result.lost_unconsumed_in_log += 1
         elif m.copies:
             result.recovered += 1
         if delivery == "pull" and len(positions) > 1:
@@ -238,10 +269,39 @@ def check(
         "p99": round(percentile(lateness, 0.99), 1) if lateness else None,
         "max": lateness[-1] if lateness else None,
     }
+    result.lost_after_faults = _lost_per_fault(faults, ends, lost_messages)
     marks = recovery_marks(faults, disruptions)
     result.rto_s, result.produce_rto_s = _recovery(marks, messages, produce_oks)
     result.leaderless_s = _leaderless(disruptions)
     return result
+
+
+def _lost_per_fault(
+    faults: list[dict[str, Any]], ends: list[tuple[str, int]], lost: list[_Message]
+) -> int:
+    """Add ``lost`` (and the ack ages) to each fault during or before which the lost
+    messages were acknowledged (the first fault to end after the acknowledgement); return how
+    many were acknowledged after the last fault ended."""
+    starts = [int(f["t_ms"]) for f in faults]
+    # Each start's end: the first end of the same fault after it (none: it never ended).
+    until = []
+    for f, start in zip(faults, starts, strict=True):
+        name = str(f.get("fault"))
+        until.append(min((t for n, t in ends if n == name and t >= start), default=2**62))
+    ages: dict[int, list[int]] = defaultdict(list)
+    after = 0
+    for m in lost:
+        ok_ms = m.ok_ms if m.ok_ms is not None else 0
+        at = bisect.bisect_left(until, ok_ms)
+        if at == len(until):
+            after += 1
+        else:
+            ages[at].append(starts[at] - ok_ms)
+    for i, f in enumerate(faults):
+        found = sorted(ages.get(i, []))
+        f["lost"] = len(found)
+        f["lost_acked_ms_before"] = {"min": found[0], "max": found[-1]} if found else None
+    return after
 
 
 def recovery_marks(

@@ -39,6 +39,7 @@ from ops.drill import netns
 from ops.drill.checker import SAFETY, check
 from ops.drill.grpc_workload import GrpcWorkload
 from ops.drill.history import History, now_ms, read_history
+from ops.drill.powercut import mount as powercut
 from ops.drill.workload import TOPIC, Workload, WorkloadConfig
 from ops.output import print_rows, write_json
 from schedule.levels import DelayLevelTable
@@ -47,6 +48,9 @@ DRILL_SETTINGS = {
     "message_delay_level": "1s 2s 3s 5s",
     "enable_schedule_async_deliver": "true",
 }
+ASYNC_FLUSH_INTERVAL_MS = 500
+"""The loss bound the README states for ``flush = async`` when every node loses power: what was
+acknowledged within the last CommitLog flush interval."""
 WARMUP_S = 4.0
 QUIET_S = 4.0
 
@@ -102,7 +106,11 @@ def plan_faults(
 
 
 async def _drill(
-    args: argparse.Namespace, out: Path, cluster: LocalCluster, ctx_net: Any
+    args: argparse.Namespace,
+    out: Path,
+    cluster: LocalCluster,
+    ctx_net: Any,
+    disks: dict[int, powercut.PowerCutMount] | None = None,
 ) -> dict[str, Any]:
     # Separate streams: the workload draws as fast as acknowledgements come back, which
     # must not move the faults' choices (order, skew amounts) for a given seed.
@@ -162,11 +170,12 @@ async def _drill(
                 record=record,
                 burst=workload.burst,
                 hold_s=args.hold,
+                disks=disks,
             )
             skipped: dict[str, str] = {}
             runnable = []
             for name in args.faults:
-                why = faultlib.unavailable_reason(name, ctx_net, args.skew_ready)
+                why = faultlib.unavailable_reason(name, ctx_net, args.skew_ready, disks)
                 if why:
                     skipped[name] = why
                     _progress(f"skipping {name}: {why}")
@@ -178,6 +187,7 @@ async def _drill(
             started = time.monotonic()
             ran: list[str] = []
             findings: list[str] = []
+            power_cuts: list[dict[str, Any]] = []
             await asyncio.sleep(WARMUP_S)
             try:
                 for name in order:
@@ -185,6 +195,8 @@ async def _drill(
                         break
                     detail = await faultlib.inject(name, ctx)
                     ran.append(name)
+                    if name in faultlib.POWER:
+                        power_cuts.append(detail)
                     findings.extend(f"{name}: {f}" for f in detail.get("findings", []))
                     await faultlib.wait_leader(cluster, 60)
                     await asyncio.sleep(QUIET_S)
@@ -211,6 +223,11 @@ async def _drill(
             try:
                 await faultlib.wait_converged(cluster, 60)
                 result["replicas_converged"] = True
+                # What the converged log holds, read again from the start (the HTTP
+                # workload's consumers read by offset; pop consumption has no offsets to
+                # read again, its acks are the record).
+                if isinstance(workload, Workload):
+                    result["final_read"] = await workload.final_read()
             except TimeoutError as exc:
                 result["replicas_converged"] = False
                 _progress(f"replicas differ: {exc}")
@@ -218,6 +235,8 @@ async def _drill(
             result["faults_planned"] = order
             result["faults_run"] = ran
             result["findings"] = findings
+            if disks:
+                result["power_cuts"] = power_cuts
             result["skew_allowance_ms"] = ctx.skew_ms + 50 if ctx.skew_ms else 0
     finally:
         if grpc_workload is not None:
@@ -258,6 +277,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     args.skew_ready = "clock-skew" in args.faults
     settings = {**DRILL_SETTINGS, "ops_log_dir": str(out / "logs"), **parse_sets(args.set)}
     node_dirs = out / "nodes"
+    disks: dict[int, powercut.PowerCutMount] | None = None
+    if any(f in faultlib.POWER for f in args.faults):
+        ok, why = powercut.available()
+        if ok:
+            # node-i/data (the node's data_dir) is the mount; its files live in node-i/disk.
+            disks = {
+                i: powercut.PowerCutMount(
+                    node_dirs / f"node-{i}" / "data",
+                    node_dirs / f"node-{i}" / "disk",
+                    log_path=node_dirs / f"node-{i}" / "disk.log",
+                )
+                for i in range(args.nodes)
+            }
+        else:
+            _progress(why)
     cluster = LocalCluster(
         args.nodes,
         node_dirs,
@@ -278,18 +312,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         if network is not None:
             network.setup()
+        for disk in (disks or {}).values():
+            disk.start()
         cluster.start()
         _progress(
             f"{args.nodes} nodes up ({'network namespaces' if network else 'loopback'}); "
             f"running {args.duration:.0f} s"
         )
-        extra = asyncio.run(_drill(args, out, cluster, network))
+        extra = asyncio.run(_drill(args, out, cluster, network, disks))
     finally:
-        cluster.stop()
-        if network is not None:
-            network.teardown()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        try:
+            cluster.stop()
+        finally:
+            # After the nodes: a mount still in use would only be detached lazily.
+            for disk in (disks or {}).values():
+                disk.stop()
+            if network is not None:
+                network.teardown()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     checked = check(
         read_history(out / "history.jsonl"),
         skew_allowance_ms=extra["skew_allowance_ms"],
@@ -305,7 +346,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         **checked.as_dict(),
         "out_dir": str(out),
     }
+    if "power_cuts" in extra:
+        result["power_cut_summary"] = _power_summary(result)
     return result
+
+
+def _power_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """Power cuts by scope, the messages each lost, and the loss window against the bound."""
+    cuts = [f for f in result["faults"] if f.get("fault") == "power-cut"]
+    windows = [f["lost_acked_ms_before"]["max"] for f in cuts if f.get("lost_acked_ms_before")]
+    by_scope: dict[str, dict[str, int]] = {}
+    for f in cuts:
+        row = by_scope.setdefault(str(f.get("scope")), {"cuts": 0, "lost": 0})
+        row["cuts"] += 1
+        row["lost"] += int(f.get("lost", 0))
+    return {
+        "cuts": len(cuts),
+        "by_scope": by_scope,
+        "lost": sum(int(f.get("lost", 0)) for f in cuts),
+        "lost_acked_ms_before_cut_max": max(windows) if windows else None,
+        "async_bound_ms": ASYNC_FLUSH_INTERVAL_MS,
+    }
 
 
 def _table(result: dict[str, Any]) -> None:
@@ -325,6 +386,8 @@ def _table(result: dict[str, Any]) -> None:
     print_rows(rows)
     for finding in result.get("findings", []):
         print(f"finding: {finding}")
+    if result.get("power_cut_summary"):
+        _power_table(result)
     if result["rto_s"]:
         print()
         print(
@@ -341,6 +404,38 @@ def _table(result: dict[str, Any]) -> None:
             )
 
 
+def _power_table(result: dict[str, Any]) -> None:
+    summary = result["power_cut_summary"]
+    cuts = [f for f in result["faults"] if f.get("fault") == "power-cut"]
+    details = result.get("power_cuts", [])
+    print()
+    print(f"{'power cut':<10} {'scope':<9} {'nodes':<10} {'lost':>5}  acked before cut (ms)  disk")
+    for k, f in enumerate(cuts):
+        window = f.get("lost_acked_ms_before")
+        span = f"{window['min']}-{window['max']}" if window else "-"
+        disk = ""
+        if k < len(details):
+            per_node = details[k].get("cut", {}).values()
+            disk = "files reverted {}, entries lost {}".format(
+                sum(c["files_reverted"] for c in per_node),
+                sum(c["entries_lost"] for c in per_node),
+            )
+        nodes = ",".join(str(n) for n in f.get("nodes", []))
+        print(
+            f"{k + 1:<10} {f.get('scope')!s:<9} {nodes:<10} {f.get('lost', 0):>5}  {span:<21}  {disk}"
+        )
+    window = summary["lost_acked_ms_before_cut_max"]
+    print(
+        f"{summary['cuts']} power cuts lost {summary['lost']} acknowledged messages"
+        + (
+            f", acknowledged up to {window} ms before the cut "
+            f"(flush=async bound in the README: {summary['async_bound_ms']} ms)"
+            if window is not None
+            else ""
+        )
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1, 10**6)
@@ -348,10 +443,10 @@ def main(args: argparse.Namespace) -> int:
     if args.client == "grpc" and parse_sets(args.set).get("tls_cert_file"):
         print("chronomq drill: --client grpc does not speak TLS yet", file=sys.stderr)
         return 2
-    unknown = [f for f in args.faults if f not in faultlib.ALL_FAULTS]
+    unknown = [f for f in args.faults if f not in faultlib.KNOWN_FAULTS]
     if unknown:
         print(
-            f"chronomq drill: unknown fault {unknown[0]!r}; choose from {', '.join(faultlib.ALL_FAULTS)}",
+            f"chronomq drill: unknown fault {unknown[0]!r}; choose from {', '.join(faultlib.KNOWN_FAULTS)}",
             file=sys.stderr,
         )
         return 2
@@ -391,7 +486,10 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "drill",
         help="failover drill: workload + faults + delivery checker",
-        description=__doc__ + "\nfaults: " + ", ".join(faultlib.ALL_FAULTS),
+        description=__doc__
+        + "\nfaults: "
+        + ", ".join(faultlib.KNOWN_FAULTS)
+        + " ('all': every one but power-cut)",
         epilog="examples:\n"
         "  chronomq drill --nodes 3 --faults kill-leader,kill-follower,pause-leader "
         "--duration 60 --seed 7 --out drill.json\n"

@@ -292,3 +292,46 @@ def test_pull_results_keep_their_keys() -> None:
 def test_delivery_mode_is_checked() -> None:
     with pytest.raises(ValueError, match="delivery"):
         check([], delivery="push")
+
+
+def _fault(kind: str, fault: str, t: int, **detail: Any) -> dict[str, Any]:
+    return {"op": "fault", "type": kind, "fault": fault, "t_ms": t, **detail}
+
+
+def test_a_message_consumed_then_gone_from_the_final_read_is_lost() -> None:
+    h = [
+        *produce("a", 1000, kind="plain"),
+        *produce("b", 1000, kind="plain"),
+        *produce("c", 1000, kind="plain"),
+        consume("a", 1010, 1006, 0),
+        consume("b", 1010, 1006, 1),
+        _fault("start", "power-cut", 2000, scope="all", nodes=[0, 1, 2]),
+        _fault("end", "power-cut", 3000, scope="all", nodes=[0, 1, 2]),
+        # The log after the cut holds a (consumed) and c (never consumed: the consumers had
+        # passed its offset), not b.
+        {"op": "final", "type": "ok", "t_ms": 9000, "queue": 0, "tokens": ["a", "c"]},
+    ]
+    r = check(h)
+    assert r.lost == 2 and sorted(r.examples["lost"]) == ["b", "c"]
+    assert r.lost_after_consumed == 1 and r.lost_unconsumed_in_log == 1
+    # Without a final read only what was never consumed counts.
+    assert check([x for x in h if x["op"] != "final"]).lost == 1
+
+
+def test_lost_messages_are_charged_to_the_fault_they_preceded() -> None:
+    h = [
+        *produce("early", 1000, kind="plain"),
+        _fault("start", "kill-leader", 2000),
+        _fault("end", "kill-leader", 2500),
+        *produce("before-cut", 4000, kind="plain"),
+        _fault("start", "power-cut", 4200, scope="all"),
+        *produce("during-cut", 4210, kind="plain"),  # answered as the nodes died
+        _fault("end", "power-cut", 6000, scope="all"),
+        *produce("after", 7000, kind="plain"),
+    ]
+    r = check(h)
+    assert r.lost == 4
+    kill, cut = r.faults
+    assert kill["lost"] == 1 and kill["lost_acked_ms_before"] == {"min": 995, "max": 995}
+    assert cut["lost"] == 2 and cut["lost_acked_ms_before"] == {"min": -15, "max": 195}
+    assert r.lost_after_faults == 1
