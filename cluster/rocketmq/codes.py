@@ -90,6 +90,8 @@ BY_ERROR: Final[dict[str, int]] = {
     "pop_unavailable": Code.HA_NOT_AVAILABLE,
     "timer_config_mismatch": Code.INTERNAL_ERROR,
     "request_timeout": Code.REQUEST_TIMEOUT,
+    "search_too_long": Code.BAD_REQUEST,
+    "store_changing": Code.HA_NOT_AVAILABLE,
     "membership_timeout": Code.PROXY_TIMEOUT,
     "commit_timeout": Code.MASTER_PERSISTENCE_TIMEOUT,
     "commit_outcome_unknown": Code.MASTER_PERSISTENCE_TIMEOUT,
