@@ -34,6 +34,7 @@ from typing import Any
 
 from cluster.client import Client, ClientError
 from cluster.launcher import LocalCluster, parse_sets
+from cluster.output import print_rows, write_json
 from ops.drill import faults as faultlib
 from ops.drill import netns
 from ops.drill.checker import SAFETY, check
@@ -41,7 +42,6 @@ from ops.drill.grpc_workload import GrpcWorkload
 from ops.drill.history import History, now_ms, read_history
 from ops.drill.powercut import mount as powercut
 from ops.drill.workload import TOPIC, Workload, WorkloadConfig
-from ops.output import print_rows, write_json
 from schedule.levels import DelayLevelTable
 
 DRILL_SETTINGS = {
@@ -61,7 +61,7 @@ def _progress(msg: str) -> None:
 
 def _event_writer(directory: Path) -> Any:
     try:
-        from ops.logwriter import LogWriter
+        from cluster.logwriter import LogWriter
     except ImportError:  # pragma: no cover - ops is always installed with the drill
         return None
     return LogWriter(directory, "drill").start()
@@ -70,7 +70,7 @@ def _event_writer(directory: Path) -> Any:
 def _record_event(writer: Any, detail: dict[str, Any]) -> None:
     if writer is None:
         return
-    from ops.schema import EventRecord, EventType
+    from cluster.logschema import EventRecord, EventType
 
     writer.write(
         EventRecord(ts_ms=now_ms(), node="drill", type=EventType.DRILL_FAULT, detail=detail)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cluster.cli import build_parser, main
+from chronomq.cli import build_parser, main
 
 
 def commands(

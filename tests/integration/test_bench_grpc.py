@@ -21,7 +21,7 @@ def test_bench_grpc_sends_receives_and_acks_every_message(tmp_path: Path) -> Non
     http, raft = free_port_base(3, random.Random())
     out = tmp_path / "bench.json"
     cmd = [
-        sys.executable, "-m", "cluster", "bench", "grpc", "--nodes", "3",
+        sys.executable, "-m", "chronomq", "bench", "grpc", "--nodes", "3",
         "--messages", "150", "--threads", "4", "--inflight", "16", "--consumers", "2",
         "--batch", "16", "--http-messages", "50",
         "--http-port", str(http), "--raft-port", str(raft),

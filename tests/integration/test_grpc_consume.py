@@ -30,7 +30,7 @@ from rocketmq import (
 )
 
 from cluster.launcher import LocalCluster
-from ops.schema import LatencyRecord, MessageKind, RecordType, Stage, decode
+from cluster.logschema import LatencyRecord, MessageKind, RecordType, Stage, decode
 from tests.integration.conftest import dump_logs, wait_for
 
 pytestmark = pytest.mark.integration

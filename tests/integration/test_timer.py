@@ -53,7 +53,7 @@ async def send(
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cluster", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "chronomq", *args], capture_output=True, text=True, timeout=60
     )
 
 
