@@ -30,8 +30,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from raftlog import record
-from raftlog.errors import StoreCorruption
+from chronomq.raftlog import record
+from chronomq.raftlog.errors import StoreCorruption
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from pysyncobj.journal import FIRST_RECORD_OFFSET, JOURNAL_FORMAT_VERSION, LAST_RECORD_OFFSET_OFFSET
 
-from raftlog import command as cmdcodec
-from raftlog import safepickle
+from chronomq.raftlog import command as cmdcodec
+from chronomq.raftlog import safepickle
 
 _LEN = struct.Struct("<I")
 _ENTRY_HEAD = struct.Struct("<QQ")

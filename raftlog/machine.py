@@ -1,7 +1,7 @@
 """The Raft state machine: a pysyncobj ``SyncObj`` whose state is a :class:`Store`.
 
 pysyncobj calls :meth:`ReplicatedLog._apply_cmd` on its own thread, in log order, on every
-node. Snapshots are thin (see :mod:`raftlog.store`); with a custom serializer pysyncobj calls
+node. Snapshots are thin (see :mod:`chronomq.raftlog.store`); with a custom serializer pysyncobj calls
 ``serializer(path, (entry_S, entry_S-1, cluster))`` on the same thread as apply, so the store's
 state is exactly that at index S, and ``deserializer(path)`` must give the three back.
 
@@ -14,7 +14,7 @@ Facts this relies on (pysyncobj 0.3.17):
 * an exception in the deserializer at start leaves the node wedged: we exit instead;
 * the journal is written through mmap without fsync; ``flush="sync"`` adds an msync per entry;
 * pysyncobj's wire, admin commands and unpickling are replaced or closed as listed in
-  :mod:`raftlog.transport`.
+  :mod:`chronomq.raftlog.transport`.
 """
 
 from __future__ import annotations
@@ -35,15 +35,15 @@ from pysyncobj.monotonic import monotonic as _pso_monotonic
 from pysyncobj.syncobj import _RAFT_STATE
 from pysyncobj.transport import TCPNode
 
-from raftlog import catchup, prevote, transport
-from raftlog.config import RaftConfig
-from raftlog.errors import StoreCorruption
-from raftlog.journalcheck import check_journal, journal_advice
-from raftlog.prevote import LogPosition, PreVoteRound, VoterState
-from raftlog.removal import RemovalFile, RemovalNotice
-from raftlog.store import FetchTarget, Store, decode_entry, encode_entry
-from raftlog.ticks import TickWatch
-from raftlog.transfer import LeaderView
+from chronomq.raftlog import catchup, prevote, transport
+from chronomq.raftlog.config import RaftConfig
+from chronomq.raftlog.errors import StoreCorruption
+from chronomq.raftlog.journalcheck import check_journal, journal_advice
+from chronomq.raftlog.prevote import LogPosition, PreVoteRound, VoterState
+from chronomq.raftlog.removal import RemovalFile, RemovalNotice
+from chronomq.raftlog.store import FetchTarget, Store, decode_entry, encode_entry
+from chronomq.raftlog.ticks import TickWatch
+from chronomq.raftlog.transfer import LeaderView
 
 log = logging.getLogger(__name__)
 
@@ -534,7 +534,7 @@ class ReplicatedLog(SyncObj):
     def _refuse_forwarded(self, node: Any, message: dict[str, Any]) -> None:
         """A command another node's pysyncobj forwards is never appended here.
 
-        Our writes are proposed only by a confirmed leader (:mod:`raftlog.node`); pysyncobj
+        Our writes are proposed only by a confirmed leader (:mod:`chronomq.raftlog.node`); pysyncobj
         forwards a command to the leader it knows when the node that got it does not lead.
         That happens only in the moment after a leader steps down and before its leadership
         watch notices: committed here, in the new term, such a command (a schedule range, a

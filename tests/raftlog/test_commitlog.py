@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from raftlog import record
-from raftlog.commitlog import CommitLog
-from raftlog.errors import StoreCorruption
+from chronomq.raftlog import record
+from chronomq.raftlog.commitlog import CommitLog
+from chronomq.raftlog.errors import StoreCorruption
 
 from ._util import rec, segment_files
 
