@@ -1,0 +1,481 @@
+"""The Raft journal: pysyncobj's log entries and its term and vote, safe against a power cut.
+
+pysyncobj's own ``FileJournal`` writes through mmap, with no checksum and no fsync, and
+saves term and vote by a rename that is never synced. :class:`DurableJournal` replaces it
+(``raftlog/machine.py`` hands it to ``SyncObj``) with the same interface.
+
+The file ``journal``, records appended with ``pwrite``::
+
+    +------------------+---------+----------+
+    | magic (16 bytes) | version | reserved |      header, 24 bytes
+    | CHRONOMQ-RAFTLOG | u32 = 2 | u32 = 0  |
+    +--------+--------+--------+--------+----------------+
+    | length | crc    | index  | term   | command        |   one record per entry
+    | u32    | u32    | u64    | u64    | length-16 bytes|
+    +--------+--------+--------+--------+----------------+
+
+``crc`` is the CRC32 of the length field and of everything after the crc field. Integers are
+little-endian. The file ends where the records end: no end offset to keep in step.
+
+Durability. ``flush="sync"``: nothing is acknowledged before :meth:`DurableJournal.sync`
+(one ``fdatasync`` for every entry appended since the last, see ``raftlog/machine.py``).
+``flush="async"``: a thread syncs every ``flush_interval_ms``. Either way a truncation and
+the rewrite that drops entries covered by a snapshot are synced before the next write, the
+directory is synced after the file is created or replaced (which also makes durable the
+snapshot that pysyncobj renamed into the same directory just before), and term and vote
+(``journal.meta``, JSON) are replaced atomically and synced before pysyncobj sends the vote.
+
+Recovery. A record that fails its length or CRC, with no sound record after it, is a torn
+tail: it was written after the last sync, so never acknowledged under ``flush="sync"``, and
+it is cut. A bad record followed by a sound one is damage; it is refused (see
+:mod:`raftlog.journalcheck`). A journal in pysyncobj's format 1 is read strictly and rewritten
+in this format.
+
+An ``fsync`` that fails calls ``on_fault`` (by default the node stops, see
+:mod:`raftlog.durable`), and every later sync fails too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pysyncobj.journal import Journal
+
+from raftlog import durable, safepickle
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"CHRONOMQ-RAFTLOG"
+VERSION = 2
+_HEADER = struct.Struct("<16sII")
+HEADER_SIZE = _HEADER.size
+_RECORD = struct.Struct("<IIQQ")  # length, crc, index, term
+RECORD_HEAD_SIZE = _RECORD.size
+_ENTRY_HEAD_SIZE = 16  # index and term, counted in length
+
+# pysyncobj's format 1 (pysyncobj.journal): name, version, format, end offset, then records
+# of  size | index term command | size  with no checksum.
+_V1_NAME = b"PYSYNCOBJ"
+_V1_FORMAT_AT = 32
+_V1_END_AT = 36
+_V1_FIRST = 40
+_U32 = struct.Struct("<I")
+_V1_ENTRY = struct.Struct("<QQ")
+
+Entry = tuple[bytes, int, int]  # command, index, term
+
+
+class JournalDamaged(Exception):
+    """The journal holds a bad record that is not its tail: it cannot be repaired here."""
+
+    def __init__(self, offset: int, index: int | None, reason: str) -> None:
+        super().__init__(reason)
+        self.offset = offset
+        self.index = index
+        self.reason = reason
+
+
+def encode_record(command: bytes, index: int, term: int) -> bytes:
+    length = _ENTRY_HEAD_SIZE + len(command)
+    body = struct.pack("<QQ", index, term) + command
+    crc = zlib.crc32(body, zlib.crc32(_U32.pack(length)))
+    return _RECORD.pack(length, crc, index, term) + command
+
+
+def header() -> bytes:
+    return _HEADER.pack(MAGIC, VERSION, 0)
+
+
+@dataclass(slots=True)
+class Scan:
+    """What a journal file holds: its entries, where each record starts, where they end and,
+    when its last bytes are a torn record, how many bytes of it are to be cut."""
+
+    entries: list[Entry] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    end: int = HEADER_SIZE
+    torn_bytes: int = 0
+    torn_reason: str = ""
+    legacy: bool = False
+
+
+def _record_at(data: bytes, at: int) -> tuple[Entry, int] | str:
+    """The entry of the record at ``at`` and its size, or why it is bad."""
+    if len(data) - at < RECORD_HEAD_SIZE:
+        return f"{len(data) - at} bytes, shorter than a record's head"
+    length, crc, index, term = _RECORD.unpack_from(data, at)
+    if length < _ENTRY_HEAD_SIZE:
+        return f"a record length of {length}"
+    size = 8 + length
+    if at + size > len(data):
+        return f"a record of {size} bytes runs past the file's end"
+    body = memoryview(data)[at + 8 : at + size]
+    if zlib.crc32(body, zlib.crc32(_U32.pack(length))) != crc:
+        return "the record's CRC does not match"
+    return (bytes(data[at + RECORD_HEAD_SIZE : at + size]), index, term), size
+
+
+def scan(data: bytes) -> Scan:
+    """Read a journal file's bytes; :class:`JournalDamaged` when they cannot be trusted."""
+    if data[: len(_V1_NAME)] == _V1_NAME:
+        return _scan_v1(data)
+    if len(data) < HEADER_SIZE:
+        # A journal created but never synced: nothing in it was acknowledged.
+        return Scan(torn_bytes=len(data), torn_reason="a header cut short")
+    magic, version, _ = _HEADER.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise JournalDamaged(0, None, f"magic {magic!r}, expected {MAGIC!r}")
+    if version != VERSION:
+        raise JournalDamaged(16, None, f"format {version}, expected {VERSION}")
+    out = Scan()
+    at = HEADER_SIZE
+    last: tuple[int, int] | None = None
+    while at < len(data):
+        got = _record_at(data, at)
+        if isinstance(got, str):
+            if _sound_record_follows(data, at):
+                raise JournalDamaged(at, None, got)
+            out.torn_bytes = len(data) - at
+            out.torn_reason = got
+            break
+        entry, size = got
+        _, index, term = entry
+        if last is not None and (index != last[0] + 1 or term < last[1]):
+            raise JournalDamaged(
+                at, index, f"entry {index} term {term} follows entry {last[0]} term {last[1]}"
+            )
+        out.entries.append(entry)
+        out.offsets.append(at)
+        last = (index, term)
+        at += size
+    out.end = at
+    return out
+
+
+def _sound_record_follows(data: bytes, at: int) -> bool:
+    """Whether a sound record starts where the bad one at ``at`` says it ends."""
+    if len(data) - at < RECORD_HEAD_SIZE:
+        return False
+    (length,) = _U32.unpack_from(data, at)
+    nxt = at + 8 + length
+    return (
+        length >= _ENTRY_HEAD_SIZE
+        and nxt < len(data)
+        and not isinstance(_record_at(data, nxt), str)
+    )
+
+
+def _scan_v1(data: bytes) -> Scan:
+    """pysyncobj's format 1: no checksum, so every doubt is damage."""
+    if len(data) < _V1_FIRST:
+        raise JournalDamaged(0, None, f"{len(data)} bytes, shorter than the header")
+    (fmt,) = _U32.unpack_from(data, _V1_FORMAT_AT)
+    (end,) = _U32.unpack_from(data, _V1_END_AT)
+    if fmt != 1:
+        raise JournalDamaged(_V1_FORMAT_AT, None, f"format {fmt}, expected 1")
+    if not _V1_FIRST <= end <= len(data):
+        raise JournalDamaged(_V1_END_AT, None, f"its end offset {end} lies outside the file")
+    out = Scan(legacy=True)
+    at = _V1_FIRST
+    last: tuple[int, int] | None = None
+    while at < end:
+        if at + 4 + _V1_ENTRY.size + 4 > end:
+            raise JournalDamaged(at, None, "a record runs past the journal's end")
+        (size,) = _U32.unpack_from(data, at)
+        if size < _V1_ENTRY.size or at + size + 8 > end:
+            raise JournalDamaged(at, None, f"a record length of {size} runs past the end")
+        (trailer,) = _U32.unpack_from(data, at + 4 + size)
+        if trailer != size:
+            raise JournalDamaged(at, None, f"record lengths {size} and {trailer} differ")
+        index, term = _V1_ENTRY.unpack_from(data, at + 4)
+        if last is not None and (index != last[0] + 1 or term < last[1]):
+            raise JournalDamaged(
+                at, index, f"entry {index} term {term} follows entry {last[0]} term {last[1]}"
+            )
+        out.entries.append((bytes(data[at + 4 + _V1_ENTRY.size : at + 4 + size]), index, term))
+        out.offsets.append(at)
+        last = (index, term)
+        at += size + 8
+    return out
+
+
+def load_meta(path: str) -> dict[str, Any]:
+    """Term, vote and commit index from ``path`` (``journal.meta``); empty when absent.
+
+    Written atomically and synced, so a file that cannot be read is damage
+    (:class:`JournalDamaged`), never a reason to start again from term 0.
+    """
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return {}
+    try:
+        meta = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        meta = None
+    if isinstance(meta, dict):
+        return meta
+    # pysyncobj's pickled dict (written before this module).
+    try:
+        old = safepickle.loads_log(raw)
+        return {
+            "term": int(old.get("currentTerm", 0)),
+            "voted_for": old.get("votedForNodeId"),
+            "commit_index": int(old.get("raftCommitIndex", 1)),
+        }
+    except Exception as exc:
+        raise JournalDamaged(0, None, f"{path} holds no term and vote that can be read") from exc
+
+
+def read_file(path: str) -> Scan | None:
+    """Scan the journal at ``path``; None when there is none."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    return scan(data)
+
+
+class DurableJournal(Journal):
+    def __init__(
+        self,
+        path: str,
+        *,
+        flush: str = "async",
+        flush_interval_ms: int = 500,
+        on_fault: durable.FaultHandler = durable.fail_stop,
+    ) -> None:
+        if flush not in ("async", "sync"):
+            raise ValueError(f"flush must be 'async' or 'sync', got {flush!r}")
+        self.path = path
+        self._dir = str(Path(path).parent)
+        self._meta_path = path + ".meta"
+        self.flush_mode = flush
+        self._on_fault = on_fault
+        self._lock = threading.Lock()  # the descriptor against the flusher's sync
+        self._dirty = False
+        self._failed: str | None = None
+        self.syncs = 0  # fdatasyncs of entries (the figure group commit lowers)
+        self._meta: dict[str, Any] = load_meta(self._meta_path)
+        self._meta_saved = True
+        self._entries: list[Entry] = []
+        self._offsets: list[int] = []
+        self._fd = self._open()
+        self._closed = False
+        self._flush_wakeup = threading.Event()
+        self._flusher: threading.Thread | None = None
+        if flush == "async":
+            self._flush_interval_s = flush_interval_ms / 1000
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name="journal-flush", daemon=True
+            )
+            self._flusher.start()
+
+    # ------------------------------------------------------------------ opening
+
+    def _open(self) -> int:
+        got = read_file(self.path)
+        if got is None or got.legacy or got.end == HEADER_SIZE and got.torn_bytes:
+            entries = [] if got is None else got.entries
+            if got is not None and got.legacy:
+                log.info("rewriting the Raft journal %s in format %d", self.path, VERSION)
+            return self._rewrite(entries)
+        if got.torn_bytes:
+            log.warning(
+                "the Raft journal %s ends in a torn record at byte %d (%s): cutting its %d "
+                "bytes, written after the last sync",
+                self.path,
+                got.end,
+                got.torn_reason,
+                got.torn_bytes,
+            )
+        fd = os.open(self.path, os.O_RDWR)
+        if got.torn_bytes:
+            os.ftruncate(fd, got.end)
+            self._checked(lambda: os.fsync(fd), self.path)
+        self._entries = got.entries
+        self._offsets = got.offsets
+        self._end = got.end
+        return fd
+
+    def _rewrite(self, entries: list[Entry]) -> int:
+        """Write ``entries`` to a new file and put it in place, synced; its descriptor."""
+        tmp = self.path + ".tmp"
+        chunks = [header()]
+        offsets = []
+        at = HEADER_SIZE
+        for command, index, term in entries:
+            rec = encode_record(command, index, term)
+            offsets.append(at)
+            chunks.append(rec)
+            at += len(rec)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            _pwrite_all(fd, b"".join(chunks), 0)
+            self._checked(lambda: os.fsync(fd), tmp)
+            os.replace(tmp, self.path)
+            self._checked(lambda: durable.fsync_dir(self._dir), self._dir)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._entries = list(entries)
+        self._offsets = offsets
+        self._end = at
+        return fd
+
+    # ------------------------------------------------------------------ pysyncobj's Journal
+
+    def add(self, command: bytes, idx: int, term: int) -> None:
+        rec = encode_record(bytes(command), idx, term)
+        _pwrite_all(self._fd, rec, self._end)
+        self._entries.append((command, idx, term))
+        self._offsets.append(self._end)
+        self._end += len(rec)
+        self._dirty = True
+
+    def clear(self) -> None:
+        self._truncate(0)
+
+    def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802, N803 - pysyncobj's names
+        self._truncate(entryFrom)
+
+    def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802, N803
+        """Drop the entries before ``entryTo`` (a snapshot covers them): rewritten in a new
+        file. The directory is synced first, so that the snapshot pysyncobj has just renamed
+        into it is durable before the entries it replaces are gone."""
+        self._checked(lambda: durable.fsync_dir(self._dir), self._dir)
+        keep = self._entries[entryTo:]
+        with self._lock:
+            old = self._fd
+            self._fd = self._rewrite(keep)
+            self._dirty = False
+            os.close(old)
+
+    def _truncate(self, keep: int) -> None:
+        if keep >= len(self._entries):
+            return
+        end = self._offsets[keep] if keep < len(self._offsets) else self._end
+        os.ftruncate(self._fd, end)
+        # Synced before anything is written after it: a power cut must not bring back
+        # entries of another term behind new ones.
+        self._sync_now()
+        del self._entries[keep:]
+        del self._offsets[keep:]
+        self._end = end
+
+    def __getitem__(self, item: Any) -> Any:
+        return self._entries[item]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _destroy(self) -> None:
+        self.close()
+
+    def flush(self) -> None:
+        self.sync()
+
+    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:  # noqa: N802, N803
+        self._meta["commit_index"] = raftCommitIndex
+        self._meta_saved = False
+
+    def getRaftCommitIndex(self) -> int:  # noqa: N802
+        return int(self._meta.get("commit_index", 1))
+
+    def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:  # noqa: N802, N803
+        """Raft: term and vote are durable before any message that reflects them is sent."""
+        self._meta["term"] = term
+        self._meta["voted_for"] = votedForNodeId
+        self._store_meta()
+
+    def getCurrentTerm(self) -> int:  # noqa: N802
+        return int(self._meta.get("term", 0))
+
+    def getVotedForNodeId(self) -> Any:  # noqa: N802
+        return self._meta.get("voted_for")
+
+    def onOneSecondTimer(self) -> None:  # noqa: N802
+        if not self._meta_saved:
+            self._store_meta()
+
+    # ------------------------------------------------------------------ meta
+
+    def _store_meta(self) -> None:
+        if self._failed is not None:
+            self._fault()
+        data = orjson.dumps(self._meta)
+        self._checked(lambda: durable.write_atomically(self._meta_path, data), self._meta_path)
+        self._meta_saved = True
+
+    # ------------------------------------------------------------------ durability
+
+    @property
+    def dirty(self) -> bool:
+        """Entries were appended since the last sync."""
+        return self._dirty
+
+    def sync(self) -> None:
+        """Make every entry appended so far durable (one ``fdatasync`` for all of them)."""
+        if self._dirty:
+            self._sync_now()
+
+    def _sync_now(self) -> None:
+        with self._lock:
+            if self._failed is not None:
+                self._fault()
+            self._dirty = False
+            fd = self._fd
+            self._checked(lambda: os.fdatasync(fd), self.path)
+            self.syncs += 1
+
+    def _checked(self, sync: Any, what: str) -> None:
+        try:
+            sync()
+        except OSError as exc:
+            self._failed = durable.fsync_failed(what, exc)
+            self._fault()
+
+    def _fault(self) -> None:
+        assert self._failed is not None
+        self._on_fault(self._failed)
+        raise durable.StorageFault(self._failed)
+
+    def _flush_loop(self) -> None:
+        while not self._closed:
+            self._flush_wakeup.wait(self._flush_interval_s)
+            if self._closed:
+                break
+            self.sync()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._flush_wakeup.set()
+        if self._flusher is not None:
+            self._flusher.join(timeout=5)
+        self.sync()
+        if not self._meta_saved:
+            self._store_meta()
+        with self._lock:
+            os.close(self._fd)
+
+
+def _pwrite_all(fd: int, data: bytes, at: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, at)
+        if written == 0:
+            raise OSError(28, "No space left on device")
+        view = view[written:]
+        at += written
