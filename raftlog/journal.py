@@ -24,6 +24,7 @@ the rewrite that drops entries covered by a snapshot are synced before the next 
 directory is synced after the file is created or replaced (which also makes durable the
 snapshot that pysyncobj renamed into the same directory just before), and term and vote
 (``journal.meta``, JSON) are replaced atomically and synced before pysyncobj sends the vote.
+The commit index, saved once a second, is only a hint (``journal.commit``, not synced).
 
 Recovery. A record that fails its length or CRC, with no sound record after it, is a torn
 tail: it was written after the last sync, so never acknowledged under ``flush="sync"``, and
@@ -236,6 +237,23 @@ def load_meta(path: str) -> dict[str, Any]:
         raise JournalDamaged(0, None, f"{path} holds no term and vote that can be read") from exc
 
 
+_U64 = struct.Struct("<Q")
+_COMMIT = struct.Struct("<QI")  # commit index, CRC32 of it
+
+
+def _load_commit_index(path: str, meta: dict[str, Any]) -> int:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(_COMMIT.size)
+    except FileNotFoundError:
+        raw = b""
+    if len(raw) == _COMMIT.size:
+        index, crc = _COMMIT.unpack(raw)
+        if zlib.crc32(_U64.pack(index)) == crc:
+            return int(index)
+    return int(meta.get("commit_index", 1))  # pysyncobj kept it in its meta file
+
+
 def read_file(path: str) -> Scan | None:
     """Scan the journal at ``path``; None when there is none."""
     try:
@@ -267,7 +285,9 @@ class DurableJournal(Journal):
         self._failed: str | None = None
         self.syncs = 0  # fdatasyncs of entries (the figure group commit lowers)
         self._meta: dict[str, Any] = load_meta(self._meta_path)
-        self._meta_saved = True
+        self._commit_path = path + ".commit"
+        self._commit_index = _load_commit_index(self._commit_path, self._meta)
+        self._commit_saved = True
         self._entries: list[Entry] = []
         self._offsets: list[int] = []
         self._fd = self._open()
@@ -287,9 +307,11 @@ class DurableJournal(Journal):
         got = read_file(self.path)
         if got is None or got.legacy or got.end == HEADER_SIZE and got.torn_bytes:
             entries = [] if got is None else got.entries
+            fd = self._rewrite(entries)
             if got is not None and got.legacy:
-                log.info("rewriting the Raft journal %s in format %d", self.path, VERSION)
-            return self._rewrite(entries)
+                log.info("rewrote the Raft journal %s in format %d", self.path, VERSION)
+                self._store_meta()  # and its meta file as JSON
+            return fd
         if got.torn_bytes:
             log.warning(
                 "the Raft journal %s ends in a torn record at byte %d (%s): cutting its %d "
@@ -386,11 +408,11 @@ class DurableJournal(Journal):
         self.sync()
 
     def setRaftCommitIndex(self, raftCommitIndex: int) -> None:  # noqa: N802, N803
-        self._meta["commit_index"] = raftCommitIndex
-        self._meta_saved = False
+        self._commit_index = raftCommitIndex
+        self._commit_saved = False
 
     def getRaftCommitIndex(self) -> int:  # noqa: N802
-        return int(self._meta.get("commit_index", 1))
+        return self._commit_index
 
     def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:  # noqa: N802, N803
         """Raft: term and vote are durable before any message that reflects them is sent."""
@@ -405,8 +427,19 @@ class DurableJournal(Journal):
         return self._meta.get("voted_for")
 
     def onOneSecondTimer(self) -> None:  # noqa: N802
-        if not self._meta_saved:
-            self._store_meta()
+        if not self._commit_saved:
+            self._save_commit_index()
+
+    def _save_commit_index(self) -> None:
+        """A hint, not synced: after a power cut an older or unreadable one only makes the
+        node wait for its leader's commit index before applying what it holds."""
+        data = _COMMIT.pack(self._commit_index, zlib.crc32(_U64.pack(self._commit_index)))
+        fd = os.open(self._commit_path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(fd, data, 0)
+        finally:
+            os.close(fd)
+        self._commit_saved = True
 
     # ------------------------------------------------------------------ meta
 
@@ -415,7 +448,6 @@ class DurableJournal(Journal):
             self._fault()
         data = orjson.dumps(self._meta)
         self._checked(lambda: durable.write_atomically(self._meta_path, data), self._meta_path)
-        self._meta_saved = True
 
     # ------------------------------------------------------------------ durability
 
@@ -426,7 +458,7 @@ class DurableJournal(Journal):
 
     def sync(self) -> None:
         """Make every entry appended so far durable (one ``fdatasync`` for all of them)."""
-        if self._dirty:
+        if self._dirty or self._failed is not None:
             self._sync_now()
 
     def _sync_now(self) -> None:
@@ -455,7 +487,10 @@ class DurableJournal(Journal):
             self._flush_wakeup.wait(self._flush_interval_s)
             if self._closed:
                 break
-            self.sync()
+            try:
+                self.sync()
+            except durable.StorageFault:
+                return  # on_fault has been told (a node has stopped by now)
 
     def close(self) -> None:
         if self._closed:
@@ -465,8 +500,8 @@ class DurableJournal(Journal):
         if self._flusher is not None:
             self._flusher.join(timeout=5)
         self.sync()
-        if not self._meta_saved:
-            self._store_meta()
+        if not self._commit_saved:
+            self._save_commit_index()
         with self._lock:
             os.close(self._fd)
 
