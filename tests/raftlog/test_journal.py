@@ -311,3 +311,19 @@ def test_old_pickled_meta_is_read(jpath: Path) -> None:
     j = _journal(jpath)
     assert (j.getCurrentTerm(), j.getVotedForNodeId(), j.getRaftCommitIndex()) == (4, "a:1", 7)
     j.close()
+
+
+def test_a_sync_started_runs_on_the_group_commit_thread_and_sync_waits_for_it(
+    jpath: Path, spy: FsyncSpy
+) -> None:
+    jpath.parent.mkdir()
+    j = _journal(jpath)
+    _fill(j, 3)
+    spy.calls.clear()
+    j.start_sync()
+    assert j.dirty  # until the thread is done, nothing is acknowledged
+    _fill(j, 2, start=4)  # arrives while the sync runs: the next one takes it
+    j.sync()
+    assert not j.dirty
+    assert 1 <= len(spy.calls) <= 2 and set(spy.calls) == {("fdatasync", str(jpath))}
+    j.close()
