@@ -9,12 +9,13 @@ The file ``journal``, records appended with ``pwrite``::
     +------------------+---------+----------+
     | magic (16 bytes) | version | reserved |      header, 24 bytes
     | CHRONOMQ-RAFTLOG | u32 = 2 | u32 = 0  |
-    +--------+--------+--------+--------+----------------+
-    | length | crc    | index  | term   | command        |   one record per entry
-    | u32    | u32    | u64    | u64    | length-16 bytes|
-    +--------+--------+--------+--------+----------------+
+    +--------+-------+-------+-------+-------+-----------------+
+    | length | crc   | index | term  | group | command         |   one record per entry
+    | u32    | u32   | u64   | u64   | u64   | length-24 bytes |
+    +--------+-------+-------+-------+-------+-----------------+
 
-``crc`` is the CRC32 of the length field and of everything after the crc field. Integers are
+``crc`` is the CRC32 of the length field and of everything after the crc field. ``group`` is
+the number of syncs this journal had begun when the record was written. Integers are
 little-endian. The file ends where the records end: no end offset to keep in step.
 
 Durability. ``flush="sync"``: nothing is acknowledged before :meth:`DurableJournal.sync`
@@ -26,10 +27,11 @@ snapshot that pysyncobj renamed into the same directory just before), and term a
 (``journal.meta``, JSON) are replaced atomically and synced before pysyncobj sends the vote.
 The commit index, saved once a second, is only a hint (``journal.commit``, not synced).
 
-Recovery. A record that fails its length or CRC, with no sound record after it, is a torn
-tail: it was written after the last sync, so never acknowledged under ``flush="sync"``, and
-it is cut. A bad record followed by a sound one is damage; it is refused (see
-:mod:`raftlog.journalcheck`). A journal in pysyncobj's format 1 is read strictly and rewritten
+Recovery. A record that fails its length or CRC is a torn write when it belongs to the last
+sync groups (:data:`TORN_GROUPS`): written after the last completed sync, so never
+acknowledged under ``flush="sync"``; it is cut with everything after it (a power cut may keep
+later pages and lose earlier ones). A bad record followed by sound records written after it
+was synced is damage; it is refused (see :mod:`raftlog.journalcheck`). A journal in pysyncobj's format 1 is read strictly and rewritten
 in this format.
 
 An ``fsync`` that fails calls ``on_fault`` (by default the node stops, see
@@ -60,9 +62,14 @@ MAGIC = b"CHRONOMQ-RAFTLOG"
 VERSION = 2
 _HEADER = struct.Struct("<16sII")
 HEADER_SIZE = _HEADER.size
-_RECORD = struct.Struct("<IIQQ")  # length, crc, index, term
+_RECORD = struct.Struct("<IIQQQ")  # length, crc, index, term, group
 RECORD_HEAD_SIZE = _RECORD.size
-_ENTRY_HEAD_SIZE = 16  # index and term, counted in length
+_ENTRY_HEAD = struct.Struct("<QQQ")
+_ENTRY_HEAD_SIZE = _ENTRY_HEAD.size  # index, term and group, counted in length
+#: A record of sync group g (syncs begun before it was written) is durable once a record of
+#: group g + TORN_GROUPS + 1 exists: syncs run one at a time, and a writer may read the group
+#: just before a concurrent sync begins. Only the newest TORN_GROUPS + 1 groups can be torn.
+TORN_GROUPS = 2
 
 # pysyncobj's format 1 (pysyncobj.journal): name, version, format, end offset, then records
 # of  size | index term command | size  with no checksum.
@@ -86,11 +93,11 @@ class JournalDamaged(Exception):
         self.reason = reason
 
 
-def encode_record(command: bytes, index: int, term: int) -> bytes:
+def encode_record(command: bytes, index: int, term: int, group: int = 0) -> bytes:
     length = _ENTRY_HEAD_SIZE + len(command)
-    body = struct.pack("<QQ", index, term) + command
+    body = _ENTRY_HEAD.pack(index, term, group) + command
     crc = zlib.crc32(body, zlib.crc32(_U32.pack(length)))
-    return _RECORD.pack(length, crc, index, term) + command
+    return _RECORD.pack(length, crc, index, term, group) + command
 
 
 def header() -> bytes:
@@ -108,13 +115,18 @@ class Scan:
     torn_bytes: int = 0
     torn_reason: str = ""
     legacy: bool = False
+    groups: list[int] = field(default_factory=list)
+
+    @property
+    def max_group(self) -> int:
+        return max(self.groups, default=0)
 
 
-def _record_at(data: bytes, at: int) -> tuple[Entry, int] | str:
-    """The entry of the record at ``at`` and its size, or why it is bad."""
+def _record_at(data: bytes, at: int) -> tuple[Entry, int, int] | str:
+    """The entry of the record at ``at``, its size and sync group, or why it is bad."""
     if len(data) - at < RECORD_HEAD_SIZE:
         return f"{len(data) - at} bytes, shorter than a record's head"
-    length, crc, index, term = _RECORD.unpack_from(data, at)
+    length, crc, index, term, group = _RECORD.unpack_from(data, at)
     if length < _ENTRY_HEAD_SIZE:
         return f"a record length of {length}"
     size = 8 + length
@@ -123,7 +135,7 @@ def _record_at(data: bytes, at: int) -> tuple[Entry, int] | str:
     body = memoryview(data)[at + 8 : at + size]
     if zlib.crc32(body, zlib.crc32(_U32.pack(length))) != crc:
         return "the record's CRC does not match"
-    return (bytes(data[at + RECORD_HEAD_SIZE : at + size]), index, term), size
+    return (bytes(data[at + RECORD_HEAD_SIZE : at + size]), index, term), size, group
 
 
 def scan(data: bytes) -> Scan:
@@ -141,15 +153,17 @@ def scan(data: bytes) -> Scan:
     out = Scan()
     at = HEADER_SIZE
     last: tuple[int, int] | None = None
+    group: int | None = None
     while at < len(data):
         got = _record_at(data, at)
         if isinstance(got, str):
-            if _sound_record_follows(data, at):
-                raise JournalDamaged(at, None, got)
+            damage = _synced_damage(data, at, group)
+            if damage is not None:
+                raise JournalDamaged(at, None, f"{got}, and {damage}")
             out.torn_bytes = len(data) - at
             out.torn_reason = got
             break
-        entry, size = got
+        entry, size, group = got
         _, index, term = entry
         if last is not None and (index != last[0] + 1 or term < last[1]):
             raise JournalDamaged(
@@ -157,23 +171,41 @@ def scan(data: bytes) -> Scan:
             )
         out.entries.append(entry)
         out.offsets.append(at)
+        out.groups.append(group)
         last = (index, term)
         at += size
     out.end = at
     return out
 
 
-def _sound_record_follows(data: bytes, at: int) -> bool:
-    """Whether a sound record starts where the bad one at ``at`` says it ends."""
+def _synced_damage(data: bytes, at: int, before: int | None) -> str | None:
+    """Why the bad record at ``at`` cannot be a write torn by a power cut, or None.
+
+    A power cut can tear only records of the last syncs begun (:data:`TORN_GROUPS`), in any
+    order of their pages: a bad record followed by sound ones is torn when it belongs to
+    those groups, as told by the sound record before it (``before``) or by its own group field.
+    """
     if len(data) - at < RECORD_HEAD_SIZE:
-        return False
-    (length,) = _U32.unpack_from(data, at)
-    nxt = at + 8 + length
-    return (
-        length >= _ENTRY_HEAD_SIZE
-        and nxt < len(data)
-        and not isinstance(_record_at(data, nxt), str)
-    )
+        return None
+    length, _crc, _index, _term, own = _RECORD.unpack_from(data, at)
+    pos = at + 8 + length
+    if length < _ENTRY_HEAD_SIZE:
+        return None  # where the next record starts is lost with it
+    later: list[int] = []
+    while pos < len(data):
+        got = _record_at(data, pos)
+        if isinstance(got, str):
+            break
+        later.append(got[2])
+        pos += got[1]
+    if not later:
+        return None
+    newest = max(later)
+    if before is not None and before >= newest - TORN_GROUPS:
+        return None
+    if newest - TORN_GROUPS <= own <= newest:
+        return None
+    return f"{len(later)} sound records follow it, written after it was synced"
 
 
 def _scan_v1(data: bytes) -> Scan:
@@ -296,6 +328,7 @@ class DurableJournal(Journal):
         self._commit_saved = True
         self._entries: list[Entry] = []
         self._offsets: list[int] = []
+        self._group = 0  # syncs begun (see TORN_GROUPS)
         self._fd = self._open()
         self._closed = False
         self._flush_wakeup = threading.Event()
@@ -339,7 +372,9 @@ class DurableJournal(Journal):
         fd = os.open(self.path, os.O_RDWR)
         if got.torn_bytes:
             os.ftruncate(fd, got.end)
-            self._checked(lambda: os.fsync(fd), self.path)
+        # What was read is on disk from now on: later records are of later groups.
+        self._checked(lambda: os.fsync(fd), self.path)
+        self._group = got.max_group + TORN_GROUPS + 1
         self._entries = got.entries
         self._offsets = got.offsets
         self._end = got.end
@@ -352,7 +387,7 @@ class DurableJournal(Journal):
         offsets = []
         at = HEADER_SIZE
         for command, index, term in entries:
-            rec = encode_record(command, index, term)
+            rec = encode_record(command, index, term, self._group)
             offsets.append(at)
             chunks.append(rec)
             at += len(rec)
@@ -365,6 +400,7 @@ class DurableJournal(Journal):
         except BaseException:
             os.close(fd)
             raise
+        self._group += TORN_GROUPS + 1
         self._entries = list(entries)
         self._offsets = offsets
         self._end = at
@@ -373,7 +409,7 @@ class DurableJournal(Journal):
     # ------------------------------------------------------------------ pysyncobj's Journal
 
     def add(self, command: bytes, idx: int, term: int) -> None:
-        rec = encode_record(bytes(command), idx, term)
+        rec = encode_record(bytes(command), idx, term, self._group)
         _pwrite_all(self._fd, rec, self._end)
         self._entries.append((command, idx, term))
         self._offsets.append(self._end)
@@ -492,6 +528,7 @@ class DurableJournal(Journal):
         with self._cond:
             if not self._dirty or self._inflight:
                 return
+            self._group += 1
             self._inflight = True
             self._dirty = False
             self._inflight_since, self._dirty_since = self._dirty_since, None
@@ -520,6 +557,7 @@ class DurableJournal(Journal):
         with self._lock:
             if self._failed is not None:
                 self._fault()
+            self._group += 1
             self._dirty = False
             since, self._dirty_since = self._dirty_since, None
             fd = self._fd

@@ -30,7 +30,7 @@ import pytest
 
 from cluster.client import Client, ClientError
 from cluster.launcher import LocalCluster
-from raftlog.journal import read_file
+from raftlog.journal import TORN_GROUPS, read_file
 from raftlog.store import Store
 from tests.integration.conftest import dump_logs, free_port_base, wait_for
 
@@ -374,13 +374,16 @@ def test_cluster_up_ctrl_c_leaves_no_process_behind(tmp_path: Path) -> None:
 
 
 def _corrupt_journal(data: Path) -> str:
-    """Damage a record before the journal's last one (a torn tail is cut, see
-    test_power_cut.py; damage followed by sound records is refused)."""
+    """Damage a record that later records show was synced (a torn write of the last syncs is
+    cut, see test_power_cut.py; damage followed by records written after it was synced is
+    refused)."""
     path = data / "raft" / "journal"
     got = read_file(str(path))
-    assert got is not None and len(got.entries) >= 2, "the journal holds too few entries"
+    assert got is not None
+    synced = [k for k, g in enumerate(got.groups) if g <= got.max_group - TORN_GROUPS - 1]
+    assert synced, f"no record the journal shows synced (groups {got.groups})"
     raw = bytearray(path.read_bytes())
-    raw[got.offsets[-2] + 8] ^= 0xFF  # the index of the last record but one
+    raw[got.offsets[synced[0]] + 8] ^= 0xFF  # its index: the CRC no longer matches
     path.write_bytes(bytes(raw))
     return str(path)
 

@@ -8,6 +8,7 @@ import pickle
 import struct
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,16 +55,14 @@ def _fill(j: DurableJournal, n: int, start: int = 1, term: int = 1) -> None:
 
 
 def test_record_golden_bytes_both_ways() -> None:
-    rec = encode_record(b"\x01ab", 7, 3)
-    body = struct.pack("<QQ", 7, 3) + b"\x01ab"
-    assert rec[:4] == struct.pack("<I", 19)
+    rec = encode_record(b"\x01ab", 7, 3, 9)
+    body = struct.pack("<QQQ", 7, 3, 9) + b"\x01ab"
+    assert rec[:4] == struct.pack("<I", 27)
     assert rec[8:] == body
-    import zlib
-
     assert struct.unpack("<I", rec[4:8])[0] == zlib.crc32(body, zlib.crc32(rec[:4]))
     assert header() == b"CHRONOMQ-RAFTLOG" + struct.pack("<II", 2, 0)
     got = scan(header() + rec)
-    assert got.entries == [(b"\x01ab", 7, 3)]
+    assert got.entries == [(b"\x01ab", 7, 3)] and got.groups == [9]
     assert got.offsets == [HEADER_SIZE] and got.end == HEADER_SIZE + len(rec)
     assert got.torn_bytes == 0
 
@@ -77,13 +76,31 @@ def test_a_flipped_bit_in_the_last_record_is_a_torn_tail() -> None:
     assert got.torn_bytes == len(recs[2]) and "CRC" in got.torn_reason
 
 
-def test_a_bad_record_followed_by_a_sound_one_is_damage() -> None:
-    recs = [encode_record(NOOP + b"x" * 10, i, 1) for i in (1, 2, 3)]
-    data = bytearray(header() + b"".join(recs))
-    data[HEADER_SIZE + len(recs[0]) + 30] ^= 0xFF  # inside entry 2's command
-    with pytest.raises(JournalDamaged) as exc:
+def _journal_bytes(groups: list[int]) -> tuple[bytearray, list[int]]:
+    recs = [encode_record(NOOP + b"x" * 10, i, 1, g) for i, g in enumerate(groups, start=1)]
+    offsets = [HEADER_SIZE + sum(len(r) for r in recs[:k]) for k in range(len(recs))]
+    return bytearray(header() + b"".join(recs)), offsets
+
+
+def test_a_bad_record_followed_by_records_written_after_its_sync_is_damage() -> None:
+    data, offsets = _journal_bytes([0, 0, 5])
+    data[offsets[1] + 40] ^= 0xFF  # inside entry 2's command
+    with pytest.raises(JournalDamaged, match="written after it was synced") as exc:
         scan(bytes(data))
-    assert exc.value.offset == HEADER_SIZE + len(recs[0])
+    assert exc.value.offset == offsets[1]
+
+
+@pytest.mark.parametrize("groups", [[0, 4, 5], [4, 5, 5], [5, 5, 5]])
+def test_a_torn_write_of_the_last_syncs_is_cut_whatever_pages_survived(
+    groups: list[int],
+) -> None:
+    """A power cut may keep a later page and lose an earlier one: entry 2 is bad, entry 3
+    sound, both written after the last completed sync. Both go."""
+    data, offsets = _journal_bytes(groups)
+    data[offsets[1] + 40] ^= 0xFF
+    got = scan(bytes(data))
+    assert [e[1] for e in got.entries] == [1]
+    assert got.end == offsets[1] and got.torn_bytes == len(data) - offsets[1]
 
 
 def test_entries_out_of_order_are_damage() -> None:
