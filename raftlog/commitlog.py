@@ -220,7 +220,7 @@ class CommitLog:
             now = time.monotonic()
             for seg in doomed:
                 if seg.fd in self._dirty:
-                    os.fsync(seg.fd)
+                    self._checked(functools.partial(os.fsync, seg.fd), self.directory)
                     self._dirty.discard(seg.fd)
                 seg.path.unlink()
                 self._retired.append((now, seg.fd))

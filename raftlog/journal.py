@@ -582,10 +582,14 @@ class DurableJournal(Journal):
         raise durable.StorageFault(self._failed)
 
     def _flush_loop(self) -> None:
+        # Syncs begin every interval, however long each takes: an entry waits at most the
+        # interval plus one sync.
+        began = time.monotonic()
         while not self._closed:
-            self._flush_wakeup.wait(self._flush_interval_s)
+            self._flush_wakeup.wait(max(0.0, began + self._flush_interval_s - time.monotonic()))
             if self._closed:
                 break
+            began = time.monotonic()
             try:
                 self.sync()
             except durable.StorageFault:

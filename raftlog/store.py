@@ -40,7 +40,7 @@ from typing import Any
 
 import orjson
 
-from raftlog import applycheck, record
+from raftlog import applycheck, durable, record
 from raftlog import command as cmdcodec
 from raftlog.chain import BLOCK_BYTES, Chain, RangeCheck
 from raftlog.commitlog import CommitLog
@@ -880,9 +880,13 @@ class Store:
         """Make the CommitLog (and, under ``flush="sync"``, the ConsumeQueues) durable: a
         snapshot must never cover bytes a power cut can take away, since the journal
         entries it replaces are dropped after it."""
-        self.commitlog.sync()
+        self.commitlog.sync()  # a failed fsync stops the node there
         if self.flush == "sync":
-            self.cqs.sync()
+            try:
+                self.cqs.sync()
+            except OSError as exc:
+                durable.fail_stop(durable.fsync_failed(self.cqs.directory, exc))
+                raise
 
     def _range_digest(self, start: int, end: int) -> str:
         h = hashlib.sha256()
