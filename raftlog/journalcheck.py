@@ -6,7 +6,8 @@ reads the file first and returns the first problem that cannot be repaired:
 
 * its term and vote (``journal.meta``) cannot be read;
 * the header is not the journal's (or pysyncobj's format 1, read strictly: it has no CRC);
-* a record is bad and a sound record follows it (damage, not a torn write);
+* a record is bad and records written after it was synced follow it (damage, not a torn
+  write: see :data:`raftlog.journal.TORN_GROUPS`);
 * entry indexes do not follow one another, or a term goes down;
 * a command does not decode: an unknown command type, or for a replicated call, our codec.
 

@@ -10,8 +10,8 @@ Every adjustment to pysyncobj 0.3.17 that this takes, each small and in one plac
    ``pysyncobj.pickle``) and ``pysyncobj.journal.loads`` become
    :data:`raftlog.safepickle.PYSYNCOBJ_PICKLE` / :func:`raftlog.safepickle.loads_log`: the
    membership and version commands applied from the log, the reassembly of one large entry sent
-   as a 'transmission', and the journal's meta file are unpickled with an allowlist
-   (:func:`install`).
+   as a 'transmission', and a journal meta file of pysyncobj's format (read once by
+   :mod:`raftlog.journal`, which writes JSON) are unpickled with an allowlist (:func:`install`).
 3. :class:`GuardedTransport`, given to ``SyncObj`` as its ``transportClass``, registers no
    utility command (pysyncobj's unauthenticated ``status``, ``add``, ``remove``,
    ``set_version``, ``transfer``: membership changes go through the HTTP admin API, which calls
