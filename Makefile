@@ -6,12 +6,16 @@ STAMP := $(VENV)/.installed
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYTHONDONTWRITEBYTECODE = 1
 
-.PHONY: run test lint typecheck unit install clean
+.PHONY: run test lint typecheck unit install clean constraints
 
-$(STAMP): pyproject.toml
+CONSTRAINTS := .ci/constraints.txt
+
+# Everything: the broker, the Spark report (and Spark Connect) extras and the test tools, at the
+# versions CI pins.
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[test,report,connect]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -20,14 +24,24 @@ run: $(STAMP)
 	$(BIN)/chronomq cluster up --nodes 3 --http-port 8080 --raft-port 9080 --data-dir ./var
 
 lint: $(STAMP)
-	$(BIN)/ruff check raftlog schedule timer cluster ops tests
-	$(BIN)/ruff format --check raftlog schedule timer cluster ops tests
+	$(BIN)/ruff check raftlog schedule timer cluster ops chronomq tests
+	$(BIN)/ruff format --check raftlog schedule timer cluster ops chronomq tests
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
 test: $(STAMP) lint typecheck
 	$(BIN)/python -m pytest -q -ra --durations=15
+
+# Pin what a fresh install resolves to now (run after changing dependencies).
+constraints:
+	rm -rf .venv-constraints
+	$(PYTHON) -m venv .venv-constraints
+	.venv-constraints/bin/python -m pip install --quiet --upgrade pip
+	.venv-constraints/bin/python -m pip install --quiet '.[test,report,connect]'
+	{ sed -n '1,2p' $(CONSTRAINTS); .venv-constraints/bin/python -m pip freeze --exclude-editable \
+	  | grep -v '^chronomq'; } > $(CONSTRAINTS).new && mv $(CONSTRAINTS).new $(CONSTRAINTS)
+	rm -rf .venv-constraints
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

@@ -19,7 +19,16 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from cluster import logs, reserved
@@ -28,6 +37,7 @@ from cluster.broker import Broker
 from cluster.config import ConfigError, host_port_problem, http_url_problem
 from cluster.errors import ApiError, bad_request, from_exception
 from cluster.httpconn import ConnectionGuard, HttpLimits
+from cluster.nodemetrics import GroupLagCollector, RaftCollector
 from cluster.runtimeconfig import RuntimeConfig
 from raftlog.removal import SIGNATURE_HEADER
 from raftlog.transfer import (
@@ -48,9 +58,16 @@ _FORWARD_HEADERS = ("Idempotency-Key", "Content-Type")
 
 
 class Metrics:
+    """The node's registry: the gauges set on each scrape (:meth:`refresh`), the collectors
+    of :mod:`cluster.nodemetrics` and the services', and the process collector
+    (``process_resident_memory_bytes``, ``process_cpu_seconds_total``, open fds, ...)."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
         self.requests = Counter(
             "chronomq_http_requests", "HTTP requests", ["route", "status"], registry=r
         )
@@ -73,11 +90,6 @@ class Metrics:
         self.term = Gauge("chronomq_raft_term", "Current Raft term", registry=r)
         self.commit_index = Gauge("chronomq_raft_commit_index", "Raft commit index", registry=r)
         self.applied_index = Gauge("chronomq_raft_applied_index", "Raft applied index", registry=r)
-        self.slow_ticks = Gauge(
-            "chronomq_raft_slow_ticks",
-            "Raft ticks longer than half the shortest election timeout, since start",
-            registry=r,
-        )
         self.max_tick = Gauge(
             "chronomq_raft_max_tick_seconds", "Longest Raft tick since start", registry=r
         )
@@ -106,7 +118,6 @@ class Metrics:
         self.term.set(st["term"])
         self.commit_index.set(st["commit_index"])
         self.applied_index.set(st["applied_index"])
-        self.slow_ticks.set(st["slow_ticks"])
         self.max_tick.set(st["max_tick_ms"] / 1000)
         self.commitlog_bytes.set(broker.raftlog.store.applied_length)
         self.queued.set(st["queued_messages"])
@@ -729,7 +740,12 @@ async def receive_removal(request: web.Request) -> web.Response:
 async def healthz(request: web.Request) -> web.Response:
     broker = request.app.get(BROKER)  # the probe answers before anything else is set up
     removed = broker is not None and broker.raftlog.removal is not None
-    return json_response({"status": "ok", "removed_from_cluster": removed})
+    # Whether the other routes need the token: what a 401 would say anyway, and what lets
+    # the console ask for the token before its first call.
+    auth_required = broker is not None and bool(broker.config.auth_token)
+    return json_response(
+        {"status": "ok", "removed_from_cluster": removed, "auth_required": auth_required}
+    )
 
 
 async def readyz(request: web.Request) -> web.Response:
@@ -779,11 +795,13 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/readyz", readyz)
     r.add_get("/metrics", metrics)
     r.add_get("/openapi.json", openapi)
-    from cluster import api_pop, api_schedule, api_timer
+    from cluster import api_console, api_lookup, api_pop, api_schedule, api_timer
 
     api_schedule.add_routes(app)
     api_timer.add_routes(app)
     api_pop.add_routes(app)
+    api_lookup.add_routes(app)
+    api_console.add_routes(app)
 
 
 def create_app(broker: Broker) -> web.Application:
@@ -805,8 +823,12 @@ def create_app(broker: Broker) -> web.Application:
     app[METRICS] = Metrics()
     app[CONNECTIONS] = guard
     broker.connections = guard
-    app[METRICS].registry.register(_BoundsCollector(broker, guard))
-    app[METRICS].registry.register(_MembershipCollector(broker))
+    registry = app[METRICS].registry
+    registry.register(_BoundsCollector(broker, guard))
+    registry.register(_MembershipCollector(broker))
+    registry.register(RaftCollector(broker))
+    registry.register(GroupLagCollector(broker))
+    registry.register(broker.lateness.histogram)
     app[CONFIG_HOOKS] = []
     app[RUNTIME_CONFIG] = RuntimeConfig(broker, app[CONFIG_HOOKS], logs.set_level)
 
@@ -828,4 +850,8 @@ def create_app(broker: Broker) -> web.Application:
 
         metrics = app[METRICS]
         install_disk_metrics(metrics.registry, metrics.collectors, broker.disk)
+    if broker.pop is not None:
+        from cluster.pop.metrics import install_metrics as install_pop_metrics
+
+        install_pop_metrics(app[METRICS].registry, app[METRICS].collectors, broker.pop)
     return app

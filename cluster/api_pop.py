@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -40,9 +41,9 @@ from raftlog.errors import NotLeader
 
 T = TypeVar("T")
 
-RECHECK_S: Final = 0.5
-"""A waiting receive looks again this often: a revive makes messages visible without growing
-any queue, so it cannot wake the queue waiters."""
+RECHECK_S: Final = 5.0
+"""A waiting receive looks again at least this often (it is woken by a new message on its
+queues and by a revive on this node; this is only a safety net)."""
 MAX_ACK_HANDLES: Final = 1024
 """Handles one ack request may name (sent to Raft in commands of
 :data:`~cluster.pop.state.MAX_ITEMS_PER_COMMAND`)."""
@@ -406,15 +407,13 @@ async def _wait_for_messages(
     keys = [(args.topic, q) for q in queues if q < n]
     futures = [broker.waiters.register(t, q, store.max_offset(t, q)) for t, q in keys]
     try:
+        revived = broker.pop.revived_future()
         if keys and broker.pop.visible(group, args.topic, args.queue):
             return
-        waits: list[asyncio.Future[Any]] = list(futures)
+        waits: list[asyncio.Future[Any]] = [*futures, revived]
         if gone is not None:
             waits.append(gone)
-        if waits:
-            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        else:
-            await asyncio.sleep(timeout_s)
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for t, q in keys:
             broker.waiters.release(t, q)
@@ -429,19 +428,90 @@ def popped_json(p: Popped) -> dict[str, Any]:
 
 
 async def ack(broker: Any, group: str, handles: Sequence[str]) -> list[AckResult]:
-    """On the leader: ack every handle, in commands of at most MAX_ITEMS_PER_COMMAND."""
+    """On the leader: ack every handle. Acks of concurrent requests share commands of up to
+    MAX_ITEMS_PER_COMMAND handles (:class:`AckBatcher`), as produce requests share batches."""
     pop = _service(broker)
     with _pop_errors():
         for i, h in enumerate(handles):
             _check_group(group, pop.decode(h).group, f"receipt_handles[{i}]")
+    _leader(broker)
+    batcher = _BATCHERS.get(pop)
+    if batcher is None:
+        batcher = _BATCHERS[pop] = AckBatcher(broker, pop)
+    chunks = [
+        batcher.ack(handles[start : start + MAX_ITEMS_PER_COMMAND])
+        for start in range(0, len(handles), MAX_ITEMS_PER_COMMAND)
+    ]
     out: list[AckResult] = []
-    for start in range(0, len(handles), MAX_ITEMS_PER_COMMAND):
-        _leader(broker)
-        chunk = handles[start : start + MAX_ITEMS_PER_COMMAND]
-        with _pop_errors():
-            fut = pop.ack(chunk)
-        out.extend(await _settle(broker, fut))
+    for part in await asyncio.gather(*chunks):
+        out.extend(part)
     return out
+
+
+MAX_ACK_COMMANDS: Final = 4
+"""Ack commands in flight at once on a leader; acks arriving meanwhile wait and share the next."""
+
+
+class AckBatcher:
+    """Group commit for acks (event loop only): handles of concurrent ack calls go to Raft
+    together, at most :data:`MAX_ITEMS_PER_COMMAND` per command and :data:`MAX_ACK_COMMANDS`
+    commands in flight. Every handle was verified before it was queued, so one caller's bad
+    handle cannot fail another's command."""
+
+    def __init__(self, broker: Any, pop: Any) -> None:
+        self.broker = broker
+        self.pop = pop
+        self.waiting: list[tuple[Sequence[str], asyncio.Future[list[AckResult]]]] = []
+        self.running = 0
+        self.commands = 0
+
+    async def ack(self, handles: Sequence[str]) -> list[AckResult]:
+        """Ack at most MAX_ITEMS_PER_COMMAND handles."""
+        fut: asyncio.Future[list[AckResult]] = asyncio.get_running_loop().create_future()
+        self.waiting.append((handles, fut))
+        if self.running < MAX_ACK_COMMANDS:
+            self.running += 1
+            asyncio.get_running_loop().create_task(self._drain())
+        return await fut
+
+    def _take(self) -> list[tuple[Sequence[str], asyncio.Future[list[AckResult]]]]:
+        batch: list[tuple[Sequence[str], asyncio.Future[list[AckResult]]]] = []
+        n = 0
+        while self.waiting and n + len(self.waiting[0][0]) <= MAX_ITEMS_PER_COMMAND:
+            item = self.waiting.pop(0)
+            if item[1].done():  # the caller went away
+                continue
+            batch.append(item)
+            n += len(item[0])
+        return batch
+
+    async def _drain(self) -> None:
+        try:
+            while self.waiting:
+                batch = self._take()
+                if not batch:
+                    continue
+                try:
+                    _leader(self.broker)
+                    with _pop_errors():
+                        fut = self.pop.ack([h for handles, _ in batch for h in handles])
+                    self.commands += 1
+                    results: list[AckResult] = await _settle(self.broker, fut)
+                except Exception as exc:
+                    for _, waiter in batch:
+                        if not waiter.done():
+                            waiter.set_exception(exc)
+                    continue
+                at = 0
+                for handles, waiter in batch:
+                    if not waiter.done():
+                        waiter.set_result(results[at : at + len(handles)])
+                    at += len(handles)
+        finally:
+            self.running -= 1
+
+
+_BATCHERS: weakref.WeakKeyDictionary[Any, AckBatcher] = weakref.WeakKeyDictionary()
 
 
 async def change_invisible(

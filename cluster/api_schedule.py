@@ -14,10 +14,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from cluster.errors import ApiError, bad_request
 
@@ -198,66 +199,93 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/v1/groups/{group}/retry", retry)
 
 
-def install_metrics(app: web.Application) -> None:
-    """Per-level gauges, refreshed on every scrape of ``/metrics``."""
-    from cluster.api import BROKER, METRICS
+_LEVEL_GAUGES = (
+    ("offset", "offset", 1, "Delivered up to this queue offset (replicated)"),
+    ("max_offset", "max_offset", 1, "Messages stored in the level's queue"),
+    ("backlog", "backlog", 1, "Messages waiting in the level (due or not)"),
+    (
+        "oldest_due_lag_seconds",
+        "oldest_due_lag_ms",
+        1000,
+        "How long the oldest due message of the level has been due",
+    ),
+    ("pending", "pending", 1, "Async deliveries in flight"),
+    ("blocked", "blocked", 1, "1 when a failing message blocks the level"),
+)
+"""(metric suffix, field of the admin view, divisor to the metric's unit, help) per level."""
+_LEVEL_COUNTERS = (
+    ("delivered", "delivered", "Messages delivered by this node while leader"),
+    ("failures", "failures", "Failed delivery attempts on this node"),
+)
 
-    metrics = app[METRICS]
-    reg = metrics.registry
-    per_level = {
-        name: Gauge(f"chronomq_schedule_{name}", doc, ["level"], registry=reg)
-        for name, doc in (
-            ("offset", "Delivered up to this queue offset (replicated)"),
-            ("max_offset", "Messages stored in the level's queue"),
-            ("backlog", "Messages waiting in the level (due or not)"),
-            ("oldest_due_lag_ms", "How long the oldest due message has been due"),
-            ("pending", "Async deliveries in flight"),
-            ("blocked", "1 when a failing message blocks the level"),
-            ("delivered", "Messages delivered by this node while leader"),
-            ("failures", "Failed delivery attempts on this node"),
-        )
-    }
-    running = Gauge("chronomq_schedule_running", "1 while this node delivers", registry=reg)
-    async_mode = Gauge("chronomq_schedule_async", "1 in async mode, 0 in sync", registry=reg)
-    loops = Gauge(
-        "chronomq_leader_loops",
-        "Leader-only loops running on this node (schedule levels, timer driver)",
-        ["work"],
-        registry=reg,
-    )
-    loops_term = Gauge(
-        "chronomq_leader_loops_term",
-        "The term the leader-only loops run for (0: none)",
-        registry=reg,
-    )
-    loops_started = Gauge(
-        "chronomq_leader_loops_started", "Leader-only loops started since start", registry=reg
-    )
-    loops_stopped = Gauge(
-        "chronomq_leader_loops_stopped", "Leader-only loops stopped since start", registry=reg
-    )
-    loops_stuck = Gauge(
-        "chronomq_leader_loops_stuck",
-        "Leader-only work that did not stop within its bound",
-        registry=reg,
-    )
 
-    def collect() -> None:
-        service = app[BROKER].schedule
+class _ScheduleCollector:
+    """Per-level gauges and counters, and the leader-only loops, read on every scrape."""
+
+    def __init__(self, app: web.Application) -> None:
+        self._app = app
+
+    def collect(self) -> Iterator[Metric]:
+        from cluster.api import BROKER
+
+        service = self._app[BROKER].schedule
         if service is None:
             return
         stats = service.stats()
         view = stats["loops"]
-        loops.labels(work="schedule").set(view["schedule_levels"])
-        loops.labels(work="timer").set(view["timer_driver"])
-        loops_term.set(view["term"] or 0)
-        loops_started.set(view["started"])
-        loops_stopped.set(view["stopped"])
-        loops_stuck.set(len(view["stuck"]))
-        running.set(1 if stats["running"] else 0)
-        async_mode.set(1 if stats["mode"] == "async" else 0)
-        for row in stats["levels"]:
-            for name, gauge in per_level.items():
-                gauge.labels(level=str(row["level"])).set(float(row[name]))
+        loops = GaugeMetricFamily(
+            "chronomq_leader_loops",
+            "Leader-only loops running on this node (schedule levels, timer driver)",
+            labels=["work"],
+        )
+        loops.add_metric(["schedule"], view["schedule_levels"])
+        loops.add_metric(["timer"], view["timer_driver"])
+        yield loops
+        yield GaugeMetricFamily(
+            "chronomq_leader_loops_term",
+            "The term the leader-only loops run for (0: none)",
+            value=view["term"] or 0,
+        )
+        yield CounterMetricFamily(
+            "chronomq_leader_loops_started",
+            "Leader-only loops started since start",
+            value=view["started"],
+        )
+        yield CounterMetricFamily(
+            "chronomq_leader_loops_stopped",
+            "Leader-only loops stopped since start",
+            value=view["stopped"],
+        )
+        yield GaugeMetricFamily(
+            "chronomq_leader_loops_stuck",
+            "Leader-only work that did not stop within its bound",
+            value=len(view["stuck"]),
+        )
+        yield GaugeMetricFamily(
+            "chronomq_schedule_running",
+            "1 while this node delivers",
+            value=1 if stats["running"] else 0,
+        )
+        yield GaugeMetricFamily(
+            "chronomq_schedule_async",
+            "1 in async mode, 0 in sync",
+            value=1 if stats["mode"] == "async" else 0,
+        )
+        rows = stats["levels"]
+        for name, field, divisor, doc in _LEVEL_GAUGES:
+            gauge = GaugeMetricFamily(f"chronomq_schedule_{name}", doc, labels=["level"])
+            for row in rows:
+                gauge.add_metric([str(row["level"])], float(row[field]) / divisor)
+            yield gauge
+        for name, field, doc in _LEVEL_COUNTERS:
+            counter = CounterMetricFamily(f"chronomq_schedule_{name}", doc, labels=["level"])
+            for row in rows:
+                counter.add_metric([str(row["level"])], float(row[field]))
+            yield counter
 
-    metrics.collectors.append(collect)
+
+def install_metrics(app: web.Application) -> None:
+    """The schedule's metrics on the app's registry, read on every scrape of ``/metrics``."""
+    from cluster.api import METRICS
+
+    app[METRICS].registry.register(_ScheduleCollector(app))

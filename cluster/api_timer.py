@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from cluster.errors import ApiError, bad_request
+from timer.errors import TimerStateError
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,42 @@ ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
         None,
         _STATS,
         [],
+    ),
+    ("GET", "/v1/admin/timer/histogram"): (
+        "What falls due in the next minutes (default 60, at most 60) in buckets equal buckets "
+        "(default 60, at most 120), from this node's wheel: messages and cancels per bucket, "
+        "and the overdue messages in slots the read cursor has not passed yet.",
+        None,
+        {
+            "type": "object",
+            "properties": {
+                "from_ms": {"type": "integer"},
+                "to_ms": {"type": "integer"},
+                "bucket_ms": {"type": "integer"},
+                "precision_ms": {"type": "integer"},
+                "total": {"type": "integer"},
+                "buckets": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "start_ms": {"type": "integer"},
+                            "messages": {"type": "integer"},
+                            "cancels": {"type": "integer"},
+                        },
+                    },
+                },
+                "overdue": {
+                    "type": "object",
+                    "properties": {
+                        "messages": {"type": "integer"},
+                        "from_ms": {"type": ["integer", "null"]},
+                        "complete": {"type": "boolean"},
+                    },
+                },
+            },
+        },
+        ["minutes", "buckets"],
     ),
     ("POST", "/v1/admin/timer/switches"): (
         "Stop or start timer enqueue and delivery cluster-wide (replicated).",
@@ -92,6 +130,19 @@ async def timer_admin(request: web.Request) -> web.Response:
     return json_response(_service(request).stats())
 
 
+async def timer_histogram(request: web.Request) -> web.Response:
+    from cluster.api import int_param, json_response
+
+    minutes = int_param(request, "minutes", 60, 1, 60)
+    buckets = int_param(request, "buckets", 60, 1, 120)
+    service = _service(request)
+    try:
+        answer = await asyncio.to_thread(service.due_histogram, minutes * 60_000, buckets)
+    except TimerStateError as exc:  # the files are being realigned right now
+        raise ApiError(503, "timer_unavailable", str(exc), None, {"Retry-After": "1"}) from None
+    return json_response(answer)
+
+
 def _switch_changes(body: Any) -> dict[str, bool]:
     if not isinstance(body, dict):
         raise bad_request(
@@ -126,8 +177,6 @@ def _position(request: web.Request, name: str) -> int:
 
 
 async def timer_log(request: web.Request) -> web.Response:
-    from timer.errors import TimerStateError
-
     service = _service(request)
     start, end = _position(request, "from"), _position(request, "to")
     if end < start:
@@ -146,6 +195,7 @@ def add_routes(app: web.Application) -> None:
     r = app.router
     r.add_delete("/v1/timers/{msg_id}", cancel_timer)
     r.add_get("/v1/admin/timer", timer_admin)
+    r.add_get("/v1/admin/timer/histogram", timer_histogram)
     r.add_post("/v1/admin/timer/switches", timer_switches)
     r.add_get("/v1/admin/timer/log", timer_log)
 
@@ -153,64 +203,77 @@ def add_routes(app: web.Application) -> None:
 # ---------------------------------------------------------------------- metrics
 
 
+class _TimerCollector:
+    """The timer's gauges and counters, read on every scrape."""
+
+    def __init__(self, app: web.Application) -> None:
+        self._app = app
+
+    def collect(self) -> Iterator[Metric]:
+        from cluster.api import BROKER
+
+        service = self._app[BROKER].timer
+        if service is None:
+            return
+        st = service.stats()
+        for name, doc, value in (
+            ("active", "1 while this node drives the timer", 1 if st["active"] else 0),
+            ("backlog", "Messages waiting in the wheel", st["backlog"]["total"]),
+            (
+                "read_behind_seconds",
+                "How far the read cursor is behind now",
+                st["read_behind_ms"] / 1000,
+            ),
+            (
+                "offset_behind",
+                "Timer-topic messages not yet put into the wheel",
+                st["offset_behind"],
+            ),
+            (
+                "enqueue_per_second",
+                "Messages enqueued per second",
+                st["rates"]["enqueue_per_s"],
+            ),
+            (
+                "dequeue_per_second",
+                "Messages delivered per second",
+                st["rates"]["dequeue_per_s"],
+            ),
+            (
+                "inflight_commands",
+                "Timer commands proposed, not settled",
+                st["inflight_commands"],
+            ),
+        ):
+            yield GaugeMetricFamily(f"chronomq_timer_{name}", doc, value=value)
+        yield CounterMetricFamily(
+            "chronomq_timer_rejected",
+            "Produces refused for a congested slot, on this node since start",
+            value=st["congestion"]["rejected"],
+        )
+        totals = CounterMetricFamily(
+            "chronomq_timer_messages",
+            "Running totals of the timer (replicated: the same on every node)",
+            labels=["event"],
+        )
+        for event, value in st["totals"].items():
+            totals.add_metric([event], value)
+        yield totals
+        by_topic = GaugeMetricFamily(
+            "chronomq_timer_backlog_by_topic",
+            "Messages waiting in the wheel per real topic (largest 50)",
+            labels=["topic"],
+        )
+        top = sorted(st["backlog"]["by_topic"].items(), key=lambda kv: -kv[1])[:50]
+        for topic, value in top:
+            by_topic.add_metric([topic], value)
+        yield by_topic
+
+
 def install_metrics(app: web.Application) -> None:
     """Add the service's Prometheus metrics to the app's registry. (``timer_stop_enqueue`` and
     ``timer_stop_dequeue`` in ``PATCH /v1/admin/config`` are these switches:
     :mod:`cluster.runtimeconfig`.)"""
-    from cluster.api import BROKER, METRICS
+    from cluster.api import METRICS
 
-    metrics = app[METRICS]
-    r = metrics.registry
-    g = {
-        "active": Gauge("chronomq_timer_active", "1 while this node drives the timer", registry=r),
-        "backlog": Gauge("chronomq_timer_backlog", "Messages waiting in the wheel", registry=r),
-        "read_behind": Gauge(
-            "chronomq_timer_read_behind_ms", "How far the read cursor is behind now", registry=r
-        ),
-        "offset_behind": Gauge(
-            "chronomq_timer_offset_behind",
-            "Timer-topic messages not yet put into the wheel",
-            registry=r,
-        ),
-        "enqueue_rate": Gauge(
-            "chronomq_timer_enqueue_per_second", "Messages enqueued per second", registry=r
-        ),
-        "dequeue_rate": Gauge(
-            "chronomq_timer_dequeue_per_second", "Messages delivered per second", registry=r
-        ),
-        "rejected": Gauge(
-            "chronomq_timer_rejected", "Produces refused for a congested slot", registry=r
-        ),
-        "inflight": Gauge(
-            "chronomq_timer_inflight_commands", "Timer commands proposed, not settled", registry=r
-        ),
-    }
-    totals = Gauge("chronomq_timer_messages", "Running totals of the timer", ["event"], registry=r)
-    by_topic = Gauge(
-        "chronomq_timer_backlog_by_topic",
-        "Messages waiting in the wheel per real topic (largest 50)",
-        ["topic"],
-        registry=r,
-    )
-
-    def collect() -> None:
-        service = app[BROKER].timer
-        if service is None:
-            return
-        st = service.stats()
-        g["active"].set(1 if st["active"] else 0)
-        g["backlog"].set(st["backlog"]["total"])
-        g["read_behind"].set(st["read_behind_ms"])
-        g["offset_behind"].set(st["offset_behind"])
-        g["enqueue_rate"].set(st["rates"]["enqueue_per_s"])
-        g["dequeue_rate"].set(st["rates"]["dequeue_per_s"])
-        g["rejected"].set(st["congestion"]["rejected"])
-        g["inflight"].set(st["inflight_commands"])
-        for event, value in st["totals"].items():
-            totals.labels(event).set(value)
-        by_topic.clear()
-        top = sorted(st["backlog"]["by_topic"].items(), key=lambda kv: -kv[1])[:50]
-        for topic, value in top:
-            by_topic.labels(topic).set(value)
-
-    metrics.collectors.append(collect)
+    app[METRICS].registry.register(_TimerCollector(app))

@@ -1,7 +1,8 @@
 """The bearer token every HTTP route requires when ``auth_token`` is set.
 
-Only the probes are open: ``GET /healthz`` and ``GET /readyz``, and ``GET /metrics`` when
-``metrics_public``. Everything else, reads included (message bodies, group offsets, raw
+Only the probes and the console's static files are open: ``GET /healthz``, ``GET /readyz``,
+``GET /console`` and ``GET /console/{file}`` (the page then asks for the token and sends it with
+every API call it makes), and ``GET /metrics`` when ``metrics_public``. Everything else, reads included (message bodies, group offsets, raw
 TimerLog records, the topology) and paths that match no route (so a caller without the
 token cannot tell which routes exist), answers 401 with ``WWW-Authenticate: Bearer`` and the
 usual ``{"error", "message", "field"}`` body unless the request carries
@@ -23,6 +24,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 PROBE_ROUTES: tuple[tuple[str, str], ...] = (("GET", "/healthz"), ("GET", "/readyz"))
 """Routes that never need the token."""
+CONSOLE_ROUTES: tuple[tuple[str, str], ...] = (("GET", "/console"), ("GET", "/console/{file}"))
+"""The console's static files (no data: the page asks for the token itself)."""
+CONSOLE_PREFIX = "/console/"
 METRICS_ROUTE = ("GET", "/metrics")
 """Needs the token unless ``metrics_public``."""
 REALM = "chronomq"
@@ -30,7 +34,7 @@ REALM = "chronomq"
 
 def open_routes(metrics_public: bool) -> tuple[tuple[str, str], ...]:
     """The (method, path) routes served without the token."""
-    return PROBE_ROUTES + ((METRICS_ROUTE,) if metrics_public else ())
+    return PROBE_ROUTES + CONSOLE_ROUTES + ((METRICS_ROUTE,) if metrics_public else ())
 
 
 def bearer_token_matches(authorization: str | None, token: bytes) -> bool:
@@ -65,7 +69,9 @@ def auth_middleware(token: str, *, metrics_public: bool = False) -> Any:
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not expected:
             return await handler(request)
-        if request.method in ("GET", "HEAD") and request.path in open_paths:
+        if request.method in ("GET", "HEAD") and (
+            request.path in open_paths or request.path.startswith(CONSOLE_PREFIX)
+        ):
             return await handler(request)
         header = request.headers.get("Authorization")
         if not bearer_token_matches(header, expected):

@@ -24,6 +24,7 @@ import aiohttp
 from cluster import idempotency, membership, reserved
 from cluster.config import NodeConfig, Peer
 from cluster.errors import ApiError, bad_request
+from cluster.nodemetrics import DeliveryLateness
 from cluster.peerhttp import PeerHttp
 from cluster.pull import (
     INLINE_READ_BYTES,
@@ -94,6 +95,9 @@ class Broker:
         self._rr: dict[str, itertools.count[int]] = {}
         self.last_election_ms: float | None = None
         self.leader_changes: collections.deque[dict[str, Any]] = collections.deque(maxlen=100)
+        self.leader_changes_total = 0  # after the first leader this node knew
+        # How late the schedule and timer services deliver (cluster.services observes it).
+        self.lateness = DeliveryLateness()
         self._leader_seen: str | None = None
         self._leaderless_since: float | None = None
         self._monitor: asyncio.Task[None] | None = None
@@ -148,12 +152,15 @@ class Broker:
             if self._leaderless_since is not None:
                 election_ms = round((now - self._leaderless_since) * 1000, 1)
                 self.last_election_ms = election_ms
+            if seen is not None or election_ms is not None:
+                self.leader_changes_total += 1
             self._leaderless_since = None
             self.leader_changes.append(
                 {
                     "at_ms": self.raftlog.clock.now_ms(),
                     "from": self.node_id_of(seen),
                     "to": self.node_id_of(leader),
+                    "term": self.raftlog.machine.raftCurrentTerm,
                     "election_ms": election_ms,
                 }
             )
@@ -173,11 +180,13 @@ class Broker:
 
     def _on_apply(self, result: ApplyResult) -> None:
         # Raft thread. Only cross to the loop when someone waits, and wake only the queues
-        # written to; an extension's deliveries do not say where they went, so the loop looks.
+        # written to. Where the outcomes do not say (an extension's deliveries, and every
+        # command on a follower, whose store builds no placements), the loop looks.
         if not self.waiters.waiting or not result.messages:
             return
-        if result.outcomes:
-            self.waiters.applied((p.topic, p.queue_id) for o in result.outcomes for p in o.placed)
+        written = {(p.topic, p.queue_id) for o in result.outcomes for p in o.placed}
+        if written:
+            self.waiters.applied(written)
         else:
             self.waiters.grown()
 
@@ -1032,6 +1041,7 @@ class Broker:
             "leader": leader,
             "term": term,
             "nodes": nodes,
+            "leader_changes": list(self.leader_changes),
             "membership_history": self.membership_history(),
         }
 

@@ -14,6 +14,7 @@ import signal
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from typing import Any
 
 EXAMPLES = textwrap.dedent(
@@ -311,13 +312,26 @@ def example_epilog(*lines: str) -> str:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def package_version() -> str:
+    """The installed distribution's version (``unknown`` when run from a bare source tree)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("chronomq")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def build_parser(extend: Callable[[Any], None] | None = None) -> argparse.ArgumentParser:
+    """The node's commands; ``extend(subparsers)`` adds more (the operator tools of
+    :mod:`chronomq.cli`, which sits above both packages)."""
     p = argparse.ArgumentParser(
         prog="chronomq",
         description="A Raft-replicated broker for delayed and scheduled messages.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--version", action="version", version=f"chronomq {package_version()}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     node = sub.add_parser(
@@ -522,62 +536,19 @@ def build_parser() -> argparse.ArgumentParser:
         doc_module="cluster.apidoc",
     )
 
-    bench = sub.add_parser(
-        "bench",
-        help="benchmarks (print a table, write JSON with --out)",
-        description=paragraph(
-            "Benchmarks on a cluster of their own: each prints a table and, with "
-            "--out, writes its figures as one JSON object."
-        ),
-        epilog=example_epilog(
-            "chronomq bench produce --nodes 3 --messages 200000 --out produce.json",
-            "chronomq bench schedule --levels 4 --messages-per-level 20000 --out schedule.json",
-            "chronomq bench timer --rate 2000 --duration 60 --out timer.json",
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    bsub = bench.add_subparsers(dest="bench_cmd", required=True, metavar="BENCH")
-    try:
-        from ops.bench_produce import register as register_bench_produce
+    from cluster.cli_timer import register as register_timer
 
-        register_bench_produce(bsub)
-    except ImportError:
-        pass
-    try:
-        from ops.bench_timer import register as register_bench_timer
-
-        register_bench_timer(bsub)
-    except ImportError:
-        pass
-    try:
-        from cluster.cli_timer import register as register_timer
-
-        register_timer(sub)
-    except ImportError:
-        pass
-    try:
-        from ops.bench_schedule import register as register_bench_schedule
-
-        register_bench_schedule(bsub)
-    except ImportError:
-        pass
-    try:
-        from ops.drill.run import register as register_drill
-
-        register_drill(sub)
-    except ImportError:
-        pass
-    try:
-        from ops.cli import register as register_ops
-
-        register_ops(sub)
-    except ImportError:
-        pass
+    register_timer(sub)
+    if extend is not None:
+        extend(sub)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def main(
+    argv: list[str] | None = None,
+    parser_factory: Callable[[], argparse.ArgumentParser] | None = None,
+) -> int:
+    parser = (parser_factory or build_parser)()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

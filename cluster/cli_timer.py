@@ -10,7 +10,7 @@ import argparse
 import json
 from typing import Any
 
-from ops.output import print_rows
+from cluster.output import print_rows
 
 
 def _call(args: argparse.Namespace, fn: Any) -> Any:

@@ -23,9 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
+import yarl
+
+from chronomq._wire import path as _path
+from chronomq._wire import query as _query
 
 if TYPE_CHECKING:
-    from ops.logwriter import LogWriter, WriterStats
+    from cluster.logwriter import LogWriter, WriterStats
 
 RETRYABLE = {429, 502, 503, 504}
 
@@ -133,7 +137,11 @@ class Client:
                 self._leader if write and self._leader else self.urls[attempt % len(self.urls)]
             )
             try:
-                async with self._session.request(method, base + path, data=data, headers=hdrs) as r:
+                # ``path`` is sent as written: dynamic segments are percent-encoded by the
+                # methods below (_path); a plain string would let yarl decode ``%de`` in
+                # ``%RETRY%default`` into another topic.
+                url_ = yarl.URL(base + path, encoded=True)
+                async with self._session.request(method, url_, data=data, headers=hdrs) as r:
                     raw = await r.read()
                     body = orjson.loads(raw) if raw else None
                     leader = r.headers.get("X-Chronomq-Leader")
@@ -178,7 +186,7 @@ class Client:
         key = idempotency_key or uuid.uuid4().hex
         result: dict[str, Any] = await self.request(
             "POST",
-            f"/v1/topics/{topic}/messages",
+            _path("v1", "topics", topic, "messages"),
             json_body={"messages": list(messages)},
             headers={"Idempotency-Key": key},
             write=True,
@@ -199,12 +207,14 @@ class Client:
         wait_ms: int = 0,
         url: str | None = None,
     ) -> dict[str, Any]:
-        path = f"/v1/topics/{topic}/queues/{queue}/messages?offset={offset}&max={max_messages}&wait_ms={wait_ms}"
+        path = _path("v1", "topics", topic, "queues", queue, "messages") + _query(
+            offset=offset, max=max_messages, wait_ms=wait_ms
+        )
         result: dict[str, Any] = await self.request("GET", path, url=url)
         return result
 
     async def topic(self, topic: str) -> dict[str, Any]:
-        result: dict[str, Any] = await self.request("GET", f"/v1/topics/{topic}")
+        result: dict[str, Any] = await self.request("GET", _path("v1", "topics", topic))
         return result
 
     async def topics(self) -> dict[str, Any]:
@@ -213,14 +223,14 @@ class Client:
 
     async def create_topic(self, topic: str, queues: int) -> dict[str, Any]:
         result: dict[str, Any] = await self.request(
-            "PUT", f"/v1/topics/{topic}", json_body={"queues": queues}, write=True
+            "PUT", _path("v1", "topics", topic), json_body={"queues": queues}, write=True
         )
         return result
 
     async def commit_offset(self, group: str, topic: str, queue: int, offset: int) -> None:
         await self.request(
             "PUT",
-            f"/v1/groups/{group}/offsets",
+            _path("v1", "groups", group, "offsets"),
             json_body={"topic": topic, "queue": queue, "offset": offset},
             write=True,
         )
@@ -228,8 +238,8 @@ class Client:
     async def offsets(
         self, group: str, topic: str | None = None, url: str | None = None
     ) -> list[dict[str, Any]]:
-        q = f"?topic={topic}" if topic else ""
-        result = await self.request("GET", f"/v1/groups/{group}/offsets{q}", url=url)
+        target = _path("v1", "groups", group, "offsets") + _query(topic=topic or None)
+        result = await self.request("GET", target, url=url)
         offsets: list[dict[str, Any]] = result["offsets"]
         return offsets
 
@@ -241,7 +251,7 @@ class Client:
         if delay_level:
             body["delay_level"] = delay_level
         result: dict[str, Any] = await self.request(
-            "POST", f"/v1/groups/{group}/retry", json_body=body, write=True
+            "POST", _path("v1", "groups", group, "retry"), json_body=body, write=True
         )
         return result
 
@@ -266,7 +276,9 @@ class Client:
 
     async def cancel_timer(self, msg_id: str) -> dict[str, Any]:
         """Cancel a timer message: ``{"status": "cancelled" | "delivered" | "unknown", ...}``."""
-        result: dict[str, Any] = await self.request("DELETE", f"/v1/timers/{msg_id}", write=True)
+        result: dict[str, Any] = await self.request(
+            "DELETE", _path("v1", "timers", msg_id), write=True
+        )
         return result
 
     async def timer_status(self, url: str | None = None) -> dict[str, Any]:
@@ -369,7 +381,7 @@ class BatchingProducer:
 
 
 def consumed_line(message: Mapping[str, Any], topic: str, consumed_ms: int, node: str) -> bytes:
-    """The ``latency`` line (stage ``consumed``) of one message as pulled (see ops.schema).
+    """The ``latency`` line (stage ``consumed``) of one message as pulled (see cluster.logschema).
 
     The client knows less than the broker: a timer message says when it was due
     (``TIMER_OUT_MS``), so it is logged as kind ``timer`` with that ``due_ms``; anything else as
@@ -378,7 +390,7 @@ def consumed_line(message: Mapping[str, Any], topic: str, consumed_ms: int, node
     (joining by ``msg_id``, keeping the most specific kind and the earliest times); ``store_ms``
     is only given for a message that never waited, as a delivered one was stored again.
     """
-    from ops.schema import MessageKind, Stage, latency_line
+    from cluster.logschema import MessageKind, Stage, latency_line
 
     props = message.get("properties") or {}
     due = props.get(TIMER_OUT_MS)
@@ -403,7 +415,7 @@ def consumed_line(message: Mapping[str, Any], topic: str, consumed_ms: int, node
 class ConsumedLog:
     """``consumed`` latency lines of what this client consumed, for ``chronomq report``.
 
-    Written by a background :class:`ops.logwriter.LogWriter` to ``<directory>/<name>/``
+    Written by a background :class:`cluster.logwriter.LogWriter` to ``<directory>/<name>/``
     (``name`` defaults to ``client-<pid>-<n>``, unique in the process); give the report this
     directory next to the nodes' ones. :meth:`consumed` never blocks; :meth:`close` drains.
     """
@@ -415,7 +427,7 @@ class ConsumedLog:
         *,
         sample_rate: float = 1.0,
     ) -> None:
-        from ops.logwriter import LogWriter, LogWriterConfig
+        from cluster.logwriter import LogWriter, LogWriterConfig
 
         self.name = name or f"client-{os.getpid()}-{next(_log_names)}"
         self.directory = Path(directory).absolute()
@@ -431,7 +443,7 @@ class ConsumedLog:
             return
         at_ms = time.time_ns() // 1_000_000 if consumed_ms is None else consumed_ms
         name = self.name
-        from ops.schema import RecordType
+        from cluster.logschema import RecordType
 
         self.writer.write_rows(
             RecordType.LATENCY,

@@ -32,7 +32,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -312,16 +312,6 @@ def install_metrics(
         "CommitLog length (one past the last byte)",
         registry=registry,
     )
-    deleted = Gauge(
-        "chronomq_commitlog_segments_deleted",
-        "CommitLog segments deleted by retention since start",
-        registry=registry,
-    )
-    rejected = Gauge(
-        "chronomq_produce_disk_full_rejections",
-        "Produce requests refused with 507 disk_full since start",
-        registry=registry,
-    )
 
     def collect() -> None:
         usage = service.gauge.sample()
@@ -329,7 +319,27 @@ def install_metrics(
         free.set(usage.free_bytes)
         cl_min.set(service.store.commitlog.min_offset)
         cl_max.set(service.store.commitlog.length)
-        deleted.set(service.store.commitlog.segments_deleted)
-        rejected.set(service.rejected)
 
     collectors.append(collect)
+    registry.register(_DiskCounters(service))
+
+
+class _DiskCounters:
+    """The disk guard's running totals, read on every scrape."""
+
+    def __init__(self, service: DiskService) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        yield CounterMetricFamily(
+            "chronomq_commitlog_segments_deleted",
+            "CommitLog segments deleted by retention since start",
+            value=self._service.store.commitlog.segments_deleted,
+        )
+        yield CounterMetricFamily(
+            "chronomq_produce_disk_full_rejections",
+            "Produce requests refused with 507 disk_full since start",
+            value=self._service.rejected,
+        )

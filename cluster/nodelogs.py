@@ -1,7 +1,7 @@
 """The node's structured logs for ``chronomq report``: replication, latency and events.
 
-One :class:`NodeLogs` per node owns one :class:`ops.logwriter.LogWriter`, which writes JSON lines
-(schemas in :mod:`ops.schema`) to ``<ops_log_dir>/n<node_id>/`` (``ops_log_dir`` defaults to
+One :class:`NodeLogs` per node owns one :class:`cluster.logwriter.LogWriter`, which writes JSON lines
+(schemas in :mod:`cluster.logschema`) to ``<ops_log_dir>/n<node_id>/`` (``ops_log_dir`` defaults to
 ``<data_dir>/ops``), so every node of a cluster may share one ``ops_log_dir`` and the report
 reads it as one tree. What is written, by whom:
 
@@ -26,7 +26,7 @@ Nothing here blocks or does I/O on the caller's thread: the callers hand over wh
 hold (the produce answer's placements, the services' delivery tuples) as rows, and the writer
 thread turns them into lines. When the buffer is full, rows are dropped and counted, never
 waited for. ``ops_log_enabled`` and ``ops_log_sample_rate`` can be changed at runtime; sampling
-keeps the same messages and commands on every node (see :func:`ops.logwriter.keep_sample`).
+keeps the same messages and commands on every node (see :func:`cluster.logwriter.keep_sample`).
 """
 
 from __future__ import annotations
@@ -37,8 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ops.logwriter import LogWriter, LogWriterConfig, WriterStats
-from ops.schema import (
+from cluster.logschema import (
     EventRecord,
     EventType,
     InvalidRecord,
@@ -51,6 +50,7 @@ from ops.schema import (
     encode,
     latency_line,
 )
+from cluster.logwriter import LogWriter, LogWriterConfig, WriterStats
 from raftlog.clock import Clock, SystemClock
 from raftlog.record import msg_id_hex
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster import api_pop, api_schedule, api_timer, runtimeconfig
+from cluster import api_console, api_lookup, api_pop, api_schedule, api_timer, runtimeconfig
 from cluster.auth import METRICS_ROUTE, open_routes
 from cluster.broker import VERSION
 
@@ -273,8 +273,8 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
     ),
     ("GET", "/v1/admin/cluster"): (
         "The cluster view aggregated from every node (each as /v1/admin/node, with "
-        "replication_lag), and the replicated membership history (the last 100 changes, "
-        "identical on every node).",
+        "replication_lag), the leader changes the node asked has seen (the last 100), and the "
+        "replicated membership history (the last 100 changes, identical on every node).",
         None,
         {
             "type": "object",
@@ -282,6 +282,15 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
                 "leader": {"type": "integer"},
                 "term": {"type": "integer"},
                 "nodes": {"type": "array"},
+                "leader_changes": {
+                    "type": "array",
+                    "items": _object(
+                        at_ms="integer",
+                        term="integer",
+                        election_ms="number",
+                        **{"from": "integer", "to": "integer"},
+                    ),
+                },
                 "membership_history": {"type": "array", "items": _MEMBERSHIP_CHANGE},
             },
         },
@@ -361,9 +370,10 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
         [],
     ),
     ("GET", "/healthz"): (
-        "200 while the process serves (removed_from_cluster says whether it was removed).",
+        "200 while the process serves (removed_from_cluster says whether it was removed, "
+        "auth_required whether the other routes need the bearer token).",
         None,
-        _object(status="string", removed_from_cluster="boolean"),
+        _object(status="string", removed_from_cluster="boolean", auth_required="boolean"),
         [],
     ),
     ("GET", "/readyz"): (
@@ -375,7 +385,14 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
     ("GET", "/metrics"): ("Prometheus metrics.", None, {"type": "string"}, []),
     ("GET", "/openapi.json"): ("This description.", None, {"type": "object"}, []),
 }
-ROUTES = {**_CORE, **api_schedule.ROUTES, **api_timer.ROUTES, **api_pop.ROUTES}
+ROUTES = {
+    **_CORE,
+    **api_lookup.ROUTES,
+    **api_schedule.ROUTES,
+    **api_timer.ROUTES,
+    **api_pop.ROUTES,
+    **api_console.ROUTES,
+}
 
 
 BEARER = "bearerAuth"

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from cluster.broker import Broker
 from cluster.config import NodeConfig
+from cluster.nodemetrics import KIND_LEVEL, KIND_TIMER
 from raftlog.leadership import Leadership
 from raftlog.node import RaftLog
 
@@ -59,10 +60,16 @@ def _schedule(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service |
         ),
     )
     logs = broker.logs
+
+    def delivered(level: int, items: list[tuple[str, str, int, int]], delivered_ms: int) -> None:
+        broker.lateness.observe(KIND_LEVEL, items, delivered_ms)
+        if logs is not None:
+            logs.delivered_level(level, items, delivered_ms)
+
     service = ScheduleService(
         raftlog,
         settings,
-        on_delivered=getattr(logs, "delivered_level", None),
+        on_delivered=delivered,
         on_event=getattr(logs, "event", None),
         leadership=broker.leadership,
     )
@@ -92,6 +99,7 @@ def _timer(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | No
         record = getattr(logs, "delivered_timer", None) if logs is not None else None
         # Pop checkpoints ride on the timer too; they are no user's timer messages.
         items = [item for item in items if item[1] != REVIVE_TOPIC]
+        broker.lateness.observe(KIND_TIMER, items, delivered_ms)
         if record is not None and items:
             record(items, delivered_ms)
 

@@ -23,8 +23,8 @@ from typing import Any
 
 from cluster import fdbudget
 from cluster.launcher import LocalCluster, parse_sets
+from cluster.output import print_rows, write_json
 from ops.benchdir import add_data_dir_argument, bench_dir
-from ops.output import print_rows, write_json
 from ops.stats import percentile
 
 FOLLOWER_SETTINGS = {"raft_min_timeout_ms": 1500, "raft_max_timeout_ms": 3000}

@@ -24,8 +24,8 @@ from typing import Any
 
 from cluster.client import Client
 from cluster.launcher import LocalCluster, parse_sets
+from cluster.output import print_rows, write_json
 from ops.benchdir import add_data_dir_argument, bench_dir
-from ops.output import print_rows, write_json
 from ops.stats import percentile
 
 TOPIC = "bench-delayed"

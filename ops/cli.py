@@ -8,6 +8,7 @@ process exit code. ``python -m ops.cli`` runs them without the rest of the comma
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -151,6 +152,14 @@ def _help(parser: argparse.ArgumentParser) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("pyspark") is None:
+        print(
+            "chronomq report needs Spark, which the broker install leaves out: "
+            "pip install 'chronomq[report]' (and a Java 17 runtime), or use the report image "
+            "(docker build --target report .)",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
     options = ReportOptions(
         logs=tuple(args.logs),
         out=args.out,

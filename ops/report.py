@@ -1,6 +1,6 @@
 """``chronomq report``: replication and latency report of a cluster's logs, computed with PySpark.
 
-Reads every node's logs (see :mod:`ops.schema`), and writes into ``--out``:
+Reads every node's logs (see :mod:`cluster.logschema`), and writes into ``--out``:
 
 - ``report.html``: one self-contained page (inline SVG charts), readable offline;
 - ``summary.json``: the figures, a function of the input logs only (two runs over the same
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
 
+from cluster.logschema import SCHEMA_VERSION, RecordType
 from ops import report_tables as rt
 from ops.report_ingest import (
     LineCounts,
@@ -39,7 +40,6 @@ from ops.report_ingest import (
     read_messages,
     read_small,
 )
-from ops.schema import SCHEMA_VERSION, RecordType
 from ops.sparkengine import (
     DEFAULT_DRIVER_MEMORY,
     DEFAULT_MASTER,

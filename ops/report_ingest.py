@@ -15,14 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ops.schema import (
-    MAX_LINE_BYTES,
-    SCHEMA_VERSION,
-    MessageKind,
-    RecordType,
-    spark_schema,
-    spark_valid,
-)
+from cluster.logschema import MAX_LINE_BYTES, SCHEMA_VERSION, MessageKind, RecordType
+from ops.schema import spark_schema, spark_valid
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

@@ -50,7 +50,12 @@ def test_dockerfile_runs_as_non_root_with_a_healthcheck_and_the_cli_entrypoint()
     assert "HEALTHCHECK" in text and "/healthz" in text
     assert 'ENTRYPOINT ["chronomq"]' in text
     assert 'VOLUME ["/data"]' in text
-    assert "openjdk-17-jre" in text
+    # The broker is the default (last) stage and has no Java; the report target has it.
+    stages = re.split(r"^FROM ", text, flags=re.M)
+    assert stages[-1].split()[2] == "broker"
+    assert "openjdk" not in stages[-1] and "report" not in stages[-1].split("\n")[0]
+    report = next(s for s in stages if s.split("\n")[0].endswith("AS report"))
+    assert "openjdk-17-jre" in report
 
 
 def _image_env() -> dict[str, str]:
@@ -69,9 +74,11 @@ _SECRETS = {"CHRONOMQ_CLUSTER_SECRET": "s" * 32, "CHRONOMQ_AUTH_TOKEN": "t" * 32
 
 
 def _services() -> dict[str, Any]:
+    """The broker nodes: the services that run in the default profile (Prometheus and Grafana
+    are in the observability profile)."""
     doc = yaml.safe_load((ROOT / "compose.yaml").read_text())
     services: dict[str, Any] = doc["services"]
-    return services
+    return {name: s for name, s in services.items() if not s.get("profiles")}
 
 
 def test_compose_names_three_nodes_whose_configs_load_and_peers_agree() -> None:

@@ -1,10 +1,11 @@
-"""Prometheus gauges of pop consumption, in the form ``cluster/disk.py`` uses: the caller's
-registry and a list of collectors run before each scrape. (Wiring it into ``/metrics`` is the
-HTTP app's: ``install_metrics(registry, collectors, broker.pop)``.)"""
+"""Prometheus metrics of pop consumption, in the form ``cluster/disk.py`` uses: the caller's
+registry and a list of collectors run before each scrape (``cluster.api.create_app`` calls
+``install_metrics(registry, collectors, broker.pop)``). Consumer-group lag, pop included, is
+:class:`cluster.nodemetrics.GroupLagCollector`'s."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from cluster.pop.service import PopService
@@ -53,21 +54,32 @@ def install_metrics(
         "Checkpoints the timer delivered that no revive command has read yet",
         registry=registry,
     )
-    applied = Gauge(
-        "chronomq_pop_applied",
-        "What pop apply did on this node since start, by outcome",
-        ["what"],
-        registry=registry,
-    )
 
     def collect() -> None:
         inflight, revived = held_messages(service)
         held.labels("inflight").set(inflight)
         held.labels("revived").set(revived)
-        stats = service.stats()
-        behind.set(stats["revive_behind"])
-        counts = service.machine.stats.counts
-        for what in APPLIED:
-            applied.labels(what).set(counts.get(what, 0))
+        behind.set(service.stats()["revive_behind"])
 
     collectors.append(collect)
+    registry.register(_AppliedCounter(service))
+
+
+class _AppliedCounter:
+    """``chronomq_pop_applied_total{what}``: what pop apply did on this node since start."""
+
+    def __init__(self, service: PopService) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        family = CounterMetricFamily(
+            "chronomq_pop_applied",
+            "What pop apply did on this node since start, by outcome",
+            labels=["what"],
+        )
+        counts = self._service.machine.stats.counts
+        for what in APPLIED:
+            family.add_metric([what], counts.get(what, 0))
+        yield family

@@ -30,6 +30,7 @@ runs it on a thread.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import threading
@@ -134,6 +135,11 @@ class ForwardResult:
     status: ForwardStatus
 
 
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 def _then(fut: Future[T], fn: Callable[[T], U]) -> Future[U]:
     out: Future[U] = Future()
 
@@ -186,6 +192,7 @@ class PopService:
         self._seen_revive = 0
         self.revive_commands = 0
         self.last_revive: ReviveOutcome | None = None
+        self._revived: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -425,8 +432,26 @@ class PopService:
 
     # ------------------------------------------------------------------ revive driver
 
+    def revived_future(self) -> asyncio.Future[None]:
+        """On an event loop: a future resolved when a revive makes messages visible again on
+        this node (a long-polling receive waits on it, as it waits on the queues for new
+        messages: a revive grows no queue)."""
+        loop = asyncio.get_running_loop()
+        with self._token_lock:
+            fut = self._revived
+            if fut is None or fut.done() or fut.get_loop() is not loop:
+                fut = self._revived = loop.create_future()
+            return fut
+
     def _on_apply(self, result: ApplyResult) -> None:
-        # Raft thread: cheap. Wake the driver when the revive topic grew on the leader.
+        # Raft thread: cheap. Wake long polls when a revive made messages visible; wake the
+        # driver when the revive topic grew on the leader.
+        out = result.ext
+        if isinstance(out, ReviveOutcome) and out.revived:
+            with self._token_lock:
+                fut, self._revived = self._revived, None
+            if fut is not None and not fut.done():
+                fut.get_loop().call_soon_threadsafe(_resolve, fut)
         if not result.messages or not self.raftlog.is_leader:
             return
         end = self.raftlog.store.max_offset(REVIVE_TOPIC, REVIVE_QUEUE)

@@ -56,11 +56,11 @@ MAX_FILTER_CHARS: Final = 4096
 Code = pb.Code
 
 
-def _ms(d: duration_pb2.Duration) -> int:
+def duration_ms(d: duration_pb2.Duration) -> int:
     return int(d.seconds) * 1000 + int(d.nanos) // 1_000_000
 
 
-def _timestamp(ms: int) -> timestamp_pb2.Timestamp:
+def timestamp_pb(ms: int) -> timestamp_pb2.Timestamp:
     return timestamp_pb2.Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
 
 
@@ -107,7 +107,7 @@ def receive_args(
     if reserved.is_system_topic(topic):
         raise ApiError(400, "illegal_topic", f"{topic} is a system topic", "topic")
     if request.HasField("invisible_duration"):
-        invisible_ms = _ms(request.invisible_duration)
+        invisible_ms = duration_ms(request.invisible_duration)
         if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
             raise ApiError(
                 400,
@@ -126,7 +126,7 @@ def receive_args(
     if batch < 0:
         raise bad_request("batch_size must not be negative", "batch_size")
     poll_ms = (
-        _ms(request.long_polling_timeout)
+        duration_ms(request.long_polling_timeout)
         if request.HasField("long_polling_timeout")
         else DEFAULT_LONG_POLLING_MS
     )
@@ -147,7 +147,10 @@ def receive_args(
 
 
 def message_pb(m: dict[str, Any], endpoint_host: str = "") -> pb.Message:
-    """A received message (as :func:`cluster.api_pop.popped_json` gives it) for the client."""
+    """A message for the client: received by pop (as :func:`cluster.api_pop.popped_json`
+    gives it, with its receipt handle, attempt and invisible time) or pulled by offset (as
+    :func:`cluster.pull.message_json` gives it: no receipt handle, and the attempt is
+    ``reconsume_times + 1``, as the RocketMQ proxy answers a pull)."""
     props: dict[str, str] = dict(m.get("properties") or {})
     if m.get("body_base64") is not None:
         body = base64.b64decode(m["body_base64"])
@@ -163,23 +166,28 @@ def message_pb(m: dict[str, Any], endpoint_host: str = "") -> pb.Message:
     sp.body_digest.type = pb.DigestType.CRC32
     sp.body_digest.checksum = format(zlib.crc32(body) & 0xFFFFFFFF, "08X")
     sp.body_encoding = pb.Encoding.IDENTITY
-    sp.born_timestamp.CopyFrom(_timestamp(int(m.get("born_ms") or 0)))
-    sp.store_timestamp.CopyFrom(_timestamp(int(m.get("store_ms") or 0)))
+    sp.born_timestamp.CopyFrom(timestamp_pb(int(m.get("born_ms") or 0)))
+    sp.store_timestamp.CopyFrom(timestamp_pb(int(m.get("store_ms") or 0)))
     sp.born_host = endpoint_host or "chronomq"
     sp.store_host = endpoint_host or "chronomq"
     sp.queue_id = int(m["queue"])
     sp.queue_offset = int(m["offset"])
-    sp.receipt_handle = str(m["receipt_handle"])
-    sp.delivery_attempt = int(m["delivery_attempt"])
-    sp.invisible_duration.CopyFrom(
-        duration_pb2.Duration(
-            seconds=max(0, int(m.get("invisible_until_ms") or 0) - int(time.time() * 1000)) // 1000
-        )
+    attempt = m.get("delivery_attempt")
+    sp.delivery_attempt = (
+        int(attempt) if attempt is not None else int(m.get("reconsume_times") or 0) + 1
     )
+    if m.get("receipt_handle"):
+        sp.receipt_handle = str(m["receipt_handle"])
+        sp.invisible_duration.CopyFrom(
+            duration_pb2.Duration(
+                seconds=max(0, int(m.get("invisible_until_ms") or 0) - int(time.time() * 1000))
+                // 1000
+            )
+        )
     due = props.get(TIMER_OUT_MS)
     if due is not None and due.isascii() and due.isdigit():
         sp.message_type = pb.MessageType.DELAY
-        sp.delivery_timestamp.CopyFrom(_timestamp(int(due)))
+        sp.delivery_timestamp.CopyFrom(timestamp_pb(int(due)))
     else:
         sp.message_type = pb.MessageType.NORMAL
     out.user_properties.update(
@@ -269,7 +277,7 @@ class ConsumeRpcs(ServicerBase):
         yield spb.ReceiveMessageResponse(status=make_status())
         for m in out:
             yield spb.ReceiveMessageResponse(message=m)
-        yield spb.ReceiveMessageResponse(delivery_timestamp=_timestamp(now_ms))
+        yield spb.ReceiveMessageResponse(delivery_timestamp=timestamp_pb(now_ms))
 
     @rpc(spb.AckMessageResponse)
     async def AckMessage(self, request: Any, context: Any) -> Any:
@@ -339,7 +347,7 @@ class ConsumeRpcs(ServicerBase):
         handle = request.receipt_handle
         if not 0 < len(handle) <= 512:
             raise ApiError(400, "invalid_receipt_handle", "not a receipt handle", "receipt_handle")
-        invisible_ms = _ms(request.invisible_duration)
+        invisible_ms = duration_ms(request.invisible_duration)
         if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
             raise ApiError(
                 400,

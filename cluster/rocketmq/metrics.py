@@ -6,6 +6,8 @@
 - ``chronomq_grpc_request_seconds{rpc}``: latency (a Telemetry stream: how long it stayed open);
 - ``chronomq_grpc_messages_received_total``, ``chronomq_grpc_messages_acked_total``: pop
   hand-outs and acks served by this node;
+- ``chronomq_grpc_messages_pulled_total``: messages this node answered offset pulls
+  (``PullMessage``) with;
 - messages produced over gRPC also count in ``chronomq_messages_produced``, like HTTP's.
 """
 
@@ -46,6 +48,11 @@ class GrpcMetrics:
         )
         self.acked = Counter(
             "chronomq_grpc_messages_acked", "Messages acked over gRPC (pop)", registry=registry
+        )
+        self.pulled = Counter(
+            "chronomq_grpc_messages_pulled",
+            "Messages pulled by offset over gRPC (PullMessage)",
+            registry=registry,
         )
 
     def observe(self, rpc: str, code: str, seconds: float) -> None:

@@ -85,6 +85,22 @@ def live_members(
     return out
 
 
+def leader_first(
+    members: list[GrpcAddress], leader_http_url: str | None, config: NodeConfig
+) -> list[GrpcAddress]:
+    """``members`` with the leader's address first, so a client's channel (``pick_first``)
+    talks to the node that serves its writes instead of one that forwards them; it moves on
+    to the next address by itself when that node dies."""
+    if not leader_http_url:
+        return members
+    leader: GrpcAddress | None = own_address(config)
+    if leader_http_url != config.http_url:
+        leader = grpc_address(leader_http_url, config.grpc_listen_port - config.http_port)
+    if leader is None or leader not in members:
+        return members
+    return [leader, *(m for m in members if m != leader)]
+
+
 def _endpoints(addresses: Iterable[GrpcAddress]) -> pb.Endpoints:
     addrs = list(addresses)
     ep = pb.Endpoints(scheme=addrs[0].scheme if addrs else pb.AddressScheme.IPv4)

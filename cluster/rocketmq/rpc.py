@@ -106,7 +106,8 @@ class ServicerBase:
             connected = self.broker.raftlog.machine.status()["peers_connected"]
         except Exception:  # the Raft thread is stopping: list this node alone
             connected = {}
-        return routes.live_members(self._config, self.broker.peers(), connected)
+        members = routes.live_members(self._config, self.broker.peers(), connected)
+        return routes.leader_first(members, self.broker.leader_url(), self._config)
 
     def _queue_count(self, topic: pb.Resource) -> int:
         name = record.validate_topic(topic.name, "topic")

@@ -2,17 +2,36 @@
 
 Safety counts (any of them non-zero fails the drill):
 
-- ``lost``: produce acknowledged (``ok``), never consumed, and not a timer whose cancel was
-  confirmed (answer ``cancelled``).
-- ``duplicated``: consumed at more than one position (topic, queue, offset).
+- ``lost``: produce acknowledged (``ok``), not a timer whose cancel was confirmed (answer
+  ``cancelled``), and never consumed or, when the drill read every queue again from offset 0
+  at the end (``final`` records), not in the log any more. ``lost_after_consumed`` counts those
+  consumed before they went (a power cut took them back), ``lost_unconsumed_in_log`` those the
+  final read found but no consumer saw (written at offsets the consumers had passed: the log
+  had shrunk under them).
+- ``duplicated``: consumed at more than one position (topic, queue, offset). With pop
+  consumption (``delivery="pop"``, the gRPC workload's ``SimpleConsumer``) there are no
+  positions: a message is duplicated when it was acked successfully more than once, each time
+  on its own receive.
 - ``early``: a delayed message consumed before it was due, by the delivering leader's clock
-  (the copy's ``store_ms``) or by the drill's clock when it was read, less the clock skew the
-  drill injected (``skew_allowance_ms``).
+  (the copy's ``store_ms``; for a pop, ``handed_ms``, when the broker answered the receive) or
+  by the drill's clock when it was read, less the clock skew the drill injected
+  (``skew_allowance_ms``). The timer wheel delivers a slot once its last millisecond has
+  come, so its precision needs no allowance.
 - ``unexpected``: consumed but never produced by this drill.
 - ``cancelled_delivered``: a timer whose cancel was confirmed, delivered anyway.
 
+Per fault, ``faults`` gives each start with ``lost``: the lost messages whose acknowledgement
+came after the previous fault's start and before this one's (the first fault that could have
+taken them), and ``lost_acked_ms_before``, how long before the start the newest and oldest of
+them were acknowledged (what a power cut's loss window is measured by). ``lost_after_faults``
+counts the lost ones acknowledged after the last fault began.
+
 Reported only: ``recovered`` (a produce that failed or whose outcome was unknown, delivered
-anyway, which is allowed: "unknown" means exactly that), lateness of delayed messages (copy
+anyway, which is allowed: "unknown" means exactly that), with pop consumption ``redelivered``
+(received more than once but acked successfully at most once: after an ack failed or went
+unanswered, or after the invisible time passed, which is at-least-once delivery) and
+``unacked`` (acknowledged and received, never acked successfully, and no ack left without an
+answer that may have counted: the broker still owed it a delivery), lateness of delayed messages (copy
 ``store_ms`` minus due), and per fault the time from its start to the next acknowledged produce
 (invoked after the start) and to the next delivery of a delayed message (RTO). A fault made of
 several disruptions (``transfer-leader``: each transfer; ``membership``: the removal and the
@@ -46,11 +65,17 @@ class CheckResult:
     cancelled_delivered: int = 0
     recovered: int = 0
     cancelled: int = 0
+    delivery: str = "pull"
+    redelivered: int = 0
+    unacked: int = 0
     lateness_ms: dict[str, float | None] = field(default_factory=dict)
     rto_s: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
     produce_rto_s: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
     leaderless_s: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
     faults: list[dict[str, Any]] = field(default_factory=list)
+    lost_after_faults: int = 0
+    lost_after_consumed: int = 0
+    lost_unconsumed_in_log: int = 0
     examples: dict[str, list[str]] = field(default_factory=dict)
 
     @property
@@ -58,6 +83,11 @@ class CheckResult:
         return all(getattr(self, name) == 0 for name in SAFETY)
 
     def as_dict(self) -> dict[str, Any]:
+        pop = (
+            {"delivery": self.delivery, "redelivered": self.redelivered, "unacked": self.unacked}
+            if self.delivery == "pop"
+            else {}
+        )
         return {
             "produced": self.produced,
             "acknowledged": self.acknowledged,
@@ -69,11 +99,15 @@ class CheckResult:
             "cancelled_delivered": self.cancelled_delivered,
             "recovered": self.recovered,
             "cancelled": self.cancelled,
+            **pop,
             "lateness_ms": self.lateness_ms,
             "rto_s": self.rto_s,
             "produce_rto_s": self.produce_rto_s,
             "leaderless_s": self.leaderless_s,
             "faults": self.faults,
+            "lost_after_faults": self.lost_after_faults,
+            "lost_after_consumed": self.lost_after_consumed,
+            "lost_unconsumed_in_log": self.lost_unconsumed_in_log,
             "examples": self.examples,
             "safe": self.safe,
         }
@@ -85,9 +119,21 @@ class _Message:
     kind: str = "plain"
     invoked: bool = False
     outcome: str | None = None  # ok / fail / unknown (the last answer)
+    ok_ms: int | None = None  # when it was acknowledged
     due_ms: int | None = None
     cancel: str | None = None  # the confirmed answer of a cancel, if any
     copies: list[Mapping[str, Any]] = field(default_factory=list)
+    acks_ok: int = 0
+    acks_unknown: int = 0
+
+
+def _server_ms(copy: Mapping[str, Any]) -> int | None:
+    """When the broker gave out this copy, by its clock: the delivered record's store time
+    (pull), or the receive's answer time (pop)."""
+    value = copy.get("store_ms")
+    if value is None:
+        value = copy.get("handed_ms")
+    return None if value is None else int(value)
 
 
 def _summary(values: list[float]) -> dict[str, float | int | None]:
@@ -102,14 +148,22 @@ def _summary(values: list[float]) -> dict[str, float | int | None]:
     }
 
 
-def check(records: Iterable[Mapping[str, Any]], *, skew_allowance_ms: int = 0) -> CheckResult:
-    """Check a history (records as :mod:`ops.drill.history` writes them)."""
+def check(
+    records: Iterable[Mapping[str, Any]], *, skew_allowance_ms: int = 0, delivery: str = "pull"
+) -> CheckResult:
+    """Check a history (records as :mod:`ops.drill.history` writes them). ``delivery`` is
+    ``"pull"`` (the HTTP workload reads queues by offset) or ``"pop"`` (the gRPC workload
+    receives and acks)."""
+    if delivery not in ("pull", "pop"):
+        raise ValueError(f"delivery is 'pull' or 'pop', not {delivery!r}")
     messages: dict[str, _Message] = {}
     faults: list[dict[str, Any]] = []
     disruptions: list[dict[str, Any]] = []
     produce_oks: list[tuple[int, int]] = []  # (invoke t_ms, ok t_ms)
     invoke_at: dict[str, int] = {}
     unexpected: set[str] = set()
+    final: set[str] | None = None
+    ends: list[tuple[str, int]] = []
 
     def msg(token: str) -> _Message:
         m = messages.get(token)
@@ -128,6 +182,7 @@ def check(records: Iterable[Mapping[str, Any]], *, skew_allowance_ms: int = 0) -
             else:
                 m.outcome = kind
                 if kind == "ok":
+                    m.ok_ms = int(rec["t_ms"])
                     if rec.get("due_ms") is not None:
                         m.due_ms = int(rec["due_ms"])
                     produce_oks.append((invoke_at.get(m.token, rec["t_ms"]), rec["t_ms"]))
@@ -139,14 +194,26 @@ def check(records: Iterable[Mapping[str, Any]], *, skew_allowance_ms: int = 0) -
                 unexpected.add(str(token if token is not None else rec.get("msg_id")))
                 continue
             messages[token].copies.append(rec)
+        elif op == "ack" and kind in ("ok", "unknown"):
+            token = rec.get("token")
+            if token in messages:
+                if kind == "ok":
+                    messages[token].acks_ok += 1
+                else:
+                    messages[token].acks_unknown += 1
         elif op == "fault" and kind == "start":
             faults.append(dict(rec))
+        elif op == "final":
+            final = (final or set()) | {str(t) for t in rec.get("tokens", [])}
+        elif op == "fault" and kind == "end":
+            ends.append((str(rec.get("fault")), int(rec["t_ms"])))
         elif op == "fault" and kind == "disruption":
             disruptions.append(dict(rec))
 
-    result = CheckResult(faults=faults)
+    result = CheckResult(faults=faults, delivery=delivery)
     examples: dict[str, list[str]] = defaultdict(list)
     lateness: list[float] = []
+    lost_messages: list[_Message] = []
     for m in messages.values():
         if not m.invoked:
             continue
@@ -162,17 +229,32 @@ def check(records: Iterable[Mapping[str, Any]], *, skew_allowance_ms: int = 0) -
             continue
         if m.outcome == "ok":
             result.acknowledged += 1
-            if not m.copies:
+            gone = final is not None and m.token not in final
+            if not m.copies or gone:
                 result.lost += 1
                 examples["lost"].append(m.token)
+                lost_messages.append(m)
+                if m.copies:
+                    result.lost_after_consumed += 1
+                elif final is not None and not gone:
+                    result.lost_unconsumed_in_log += 1
         elif m.copies:
             result.recovered += 1
-        if len(positions) > 1:
+        if delivery == "pull" and len(positions) > 1:
             result.duplicated += 1
             examples["duplicated"].append(m.token)
+        if delivery == "pop":
+            if m.acks_ok > 1:
+                result.duplicated += 1
+                examples["duplicated"].append(m.token)
+            elif len(m.copies) > 1:
+                result.redelivered += 1
+                examples["redelivered"].append(m.token)
+            if m.outcome == "ok" and m.copies and m.acks_ok == 0 and m.acks_unknown == 0:
+                result.unacked += 1
+                examples["unacked"].append(m.token)
         if m.copies and m.due_ms is not None:
-            first = min(m.copies, key=lambda c: int(c.get("store_ms", 0)))
-            store_ms = int(first.get("store_ms", 0))
+            store_ms = min(_server_ms(c) or 0 for c in m.copies)
             seen_ms = min(int(c["t_ms"]) for c in m.copies)
             if min(store_ms, seen_ms) < m.due_ms - skew_allowance_ms:
                 result.early += 1
@@ -187,10 +269,39 @@ def check(records: Iterable[Mapping[str, Any]], *, skew_allowance_ms: int = 0) -
         "p99": round(percentile(lateness, 0.99), 1) if lateness else None,
         "max": lateness[-1] if lateness else None,
     }
+    result.lost_after_faults = _lost_per_fault(faults, ends, lost_messages)
     marks = recovery_marks(faults, disruptions)
     result.rto_s, result.produce_rto_s = _recovery(marks, messages, produce_oks)
     result.leaderless_s = _leaderless(disruptions)
     return result
+
+
+def _lost_per_fault(
+    faults: list[dict[str, Any]], ends: list[tuple[str, int]], lost: list[_Message]
+) -> int:
+    """Add ``lost`` (and the ack ages) to each fault during or before which the lost
+    messages were acknowledged (the first fault to end after the acknowledgement); return how
+    many were acknowledged after the last fault ended."""
+    starts = [int(f["t_ms"]) for f in faults]
+    # Each start's end: the first end of the same fault after it (none: it never ended).
+    until = []
+    for f, start in zip(faults, starts, strict=True):
+        name = str(f.get("fault"))
+        until.append(min((t for n, t in ends if n == name and t >= start), default=2**62))
+    ages: dict[int, list[int]] = defaultdict(list)
+    after = 0
+    for m in lost:
+        ok_ms = m.ok_ms if m.ok_ms is not None else 0
+        at = bisect.bisect_left(until, ok_ms)
+        if at == len(until):
+            after += 1
+        else:
+            ages[at].append(starts[at] - ok_ms)
+    for i, f in enumerate(faults):
+        found = sorted(ages.get(i, []))
+        f["lost"] = len(found)
+        f["lost_acked_ms_before"] = {"min": found[0], "max": found[-1]} if found else None
+    return after
 
 
 def recovery_marks(
@@ -220,11 +331,11 @@ def _recovery(
     """Per fault type: seconds from each mark (a fault's start, or one of its disruptions) to
     the next delivery and produce."""
     deliveries = sorted(
-        int(c["store_ms"])
+        ms
         for m in messages.values()
         if m.kind != "plain"
         for c in m.copies
-        if c.get("store_ms") is not None
+        if (ms := _server_ms(c)) is not None
     )
     produce_oks = sorted(produce_oks)
     invoked_at = [invoked for invoked, _ in produce_oks]

@@ -16,6 +16,7 @@ from typing import Any
 
 from cluster.launcher import LocalCluster
 from ops.drill import netns
+from ops.drill.powercut.mount import PowerCutMount
 
 DEFAULT_HOLD_S = 3.0
 
@@ -36,6 +37,10 @@ class FaultContext:
     transfers: int = 0
     """Leadership transfers asked so far (the target alternates: a follower, then none)."""
     healers: list[Callable[[], None]] = field(default_factory=list)
+    disks: dict[int, PowerCutMount] | None = None
+    """Each node's power-cut mount (its data directory), when the drill made them."""
+    power_cuts: int = 0
+    """Power cuts so far (the scope cycles: the leader, a minority, every node)."""
 
     async def leader(self) -> int:
         return await wait_leader(self.cluster, 30)

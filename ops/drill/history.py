@@ -1,9 +1,10 @@
 """The drill's history: one JSON object per line, appended as operations happen.
 
-Every record has ``op`` (``produce``, ``cancel``, ``consume``, ``fault``), ``type`` and
+Every record has ``op`` (``produce``, ``cancel``, ``consume``, ``ack``, ``fault``), ``type`` and
 ``t_ms`` (the drill's wall clock). Produce and cancel records go ``invoke`` then one of ``ok``,
 ``fail`` (the broker refused: it was not stored) or ``unknown`` (no answer: it may or may not
-be stored). Consume records are ``ok``. Fault records are ``start`` and ``end``. A message is
+be stored). Consume records are ``ok``. Ack records (the gRPC workload's pop consumption) are
+``invoke`` then ``ok``, ``fail`` or ``unknown``, or ``skip`` (left unacked on purpose). Fault records are ``start`` and ``end``. A message is
 identified by its ``token`` (also its body), chosen by the workload before it is sent, so a
 message whose produce outcome is unknown can still be recognised when it is consumed.
 """

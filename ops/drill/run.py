@@ -13,6 +13,10 @@ Everything the drill creates (processes, namespaces, bridge, nftables rules, clo
 is removed when it ends, also on Ctrl-C or failure. The output directory keeps the history
 (``history.jsonl``), every node's ops logs (``logs/n<i>``) and the drill's fault events
 (``logs/drill``), so ``chronomq report --logs OUT/logs --out REPORT`` shows the failover windows.
+
+``--client http`` (the default) produces and pulls over the HTTP API; ``--client grpc`` sends
+with the official RocketMQ 5 ``Producer`` and receives and acks with its ``SimpleConsumer``
+(pop consumption), see :mod:`ops.drill.grpc_workload`. The checker is the same.
 """
 
 from __future__ import annotations
@@ -30,17 +34,23 @@ from typing import Any
 
 from cluster.client import Client, ClientError
 from cluster.launcher import LocalCluster, parse_sets
+from cluster.output import print_rows, write_json
 from ops.drill import faults as faultlib
 from ops.drill import netns
 from ops.drill.checker import SAFETY, check
+from ops.drill.grpc_workload import GrpcWorkload
 from ops.drill.history import History, now_ms, read_history
+from ops.drill.powercut import mount as powercut
 from ops.drill.workload import TOPIC, Workload, WorkloadConfig
-from ops.output import print_rows, write_json
+from schedule.levels import DelayLevelTable
 
 DRILL_SETTINGS = {
     "message_delay_level": "1s 2s 3s 5s",
     "enable_schedule_async_deliver": "true",
 }
+ASYNC_FLUSH_INTERVAL_MS = 500
+"""The loss bound the README states for ``flush = async`` when every node loses power: what was
+acknowledged within the last CommitLog flush interval."""
 WARMUP_S = 4.0
 QUIET_S = 4.0
 
@@ -51,7 +61,7 @@ def _progress(msg: str) -> None:
 
 def _event_writer(directory: Path) -> Any:
     try:
-        from ops.logwriter import LogWriter
+        from cluster.logwriter import LogWriter
     except ImportError:  # pragma: no cover - ops is always installed with the drill
         return None
     return LogWriter(directory, "drill").start()
@@ -60,7 +70,7 @@ def _event_writer(directory: Path) -> Any:
 def _record_event(writer: Any, detail: dict[str, Any]) -> None:
     if writer is None:
         return
-    from ops.schema import EventRecord, EventType
+    from cluster.logschema import EventRecord, EventType
 
     writer.write(
         EventRecord(ts_ms=now_ms(), node="drill", type=EventType.DRILL_FAULT, detail=detail)
@@ -96,7 +106,11 @@ def plan_faults(
 
 
 async def _drill(
-    args: argparse.Namespace, out: Path, cluster: LocalCluster, ctx_net: Any
+    args: argparse.Namespace,
+    out: Path,
+    cluster: LocalCluster,
+    ctx_net: Any,
+    disks: dict[int, powercut.PowerCutMount] | None = None,
 ) -> dict[str, Any]:
     # Separate streams: the workload draws as fast as acknowledgements come back, which
     # must not move the faults' choices (order, skew amounts) for a given seed.
@@ -106,6 +120,7 @@ async def _drill(
     events = _event_writer(out / "logs")
     stop_consumers = asyncio.Event()
     result: dict[str, Any] = {}
+    grpc_workload: GrpcWorkload | None = None
     try:
         async with Client(
             cluster.urls,
@@ -119,13 +134,22 @@ async def _drill(
             if not await _timers_supported(client):
                 _progress("this broker does not accept timers (deliver_at_ms); skipping them")
                 kinds.remove("timer")
-            workload = Workload(
-                client,
-                history,
-                workload_rng,
-                args.seed,
-                WorkloadConfig(rate=args.rate, kinds=tuple(kinds)),
-            )
+            config = WorkloadConfig(rate=args.rate, kinds=tuple(kinds))
+            workload: Workload | GrpcWorkload
+            if args.client == "grpc":
+                workload = GrpcWorkload(
+                    cluster.grpc_endpoints,
+                    history,
+                    workload_rng,
+                    args.seed,
+                    _level_delays_ms(args),
+                    token=cluster.auth_token,
+                    config=config,
+                )
+                grpc_workload = workload
+                await workload.start()
+            else:
+                workload = Workload(client, history, workload_rng, args.seed, config)
             consumers = workload.start_consumers(stop_consumers)
 
             def record(type_: str, **detail: Any) -> None:
@@ -146,11 +170,12 @@ async def _drill(
                 record=record,
                 burst=workload.burst,
                 hold_s=args.hold,
+                disks=disks,
             )
             skipped: dict[str, str] = {}
             runnable = []
             for name in args.faults:
-                why = faultlib.unavailable_reason(name, ctx_net, args.skew_ready)
+                why = faultlib.unavailable_reason(name, ctx_net, args.skew_ready, disks)
                 if why:
                     skipped[name] = why
                     _progress(f"skipping {name}: {why}")
@@ -162,6 +187,7 @@ async def _drill(
             started = time.monotonic()
             ran: list[str] = []
             findings: list[str] = []
+            power_cuts: list[dict[str, Any]] = []
             await asyncio.sleep(WARMUP_S)
             try:
                 for name in order:
@@ -169,6 +195,8 @@ async def _drill(
                         break
                     detail = await faultlib.inject(name, ctx)
                     ran.append(name)
+                    if name in faultlib.POWER:
+                        power_cuts.append(detail)
                     findings.extend(f"{name}: {f}" for f in detail.get("findings", []))
                     await faultlib.wait_leader(cluster, 60)
                     await asyncio.sleep(QUIET_S)
@@ -195,6 +223,11 @@ async def _drill(
             try:
                 await faultlib.wait_converged(cluster, 60)
                 result["replicas_converged"] = True
+                # What the converged log holds, read again from the start (the HTTP
+                # workload's consumers read by offset; pop consumption has no offsets to
+                # read again, its acks are the record).
+                if isinstance(workload, Workload):
+                    result["final_read"] = await workload.final_read()
             except TimeoutError as exc:
                 result["replicas_converged"] = False
                 _progress(f"replicas differ: {exc}")
@@ -202,12 +235,22 @@ async def _drill(
             result["faults_planned"] = order
             result["faults_run"] = ran
             result["findings"] = findings
+            if disks:
+                result["power_cuts"] = power_cuts
             result["skew_allowance_ms"] = ctx.skew_ms + 50 if ctx.skew_ms else 0
     finally:
+        if grpc_workload is not None:
+            await grpc_workload.close()
         history.close()
         if events is not None:
             events.close()
     return result
+
+
+def _level_delays_ms(args: argparse.Namespace) -> tuple[int, ...]:
+    """The delay-level table the drill's nodes run with (``--set`` may replace it)."""
+    text = parse_sets(args.set).get("message_delay_level", DRILL_SETTINGS["message_delay_level"])
+    return DelayLevelTable.parse(text).delays_ms
 
 
 def _brief(detail: dict[str, Any]) -> str:
@@ -234,6 +277,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     args.skew_ready = "clock-skew" in args.faults
     settings = {**DRILL_SETTINGS, "ops_log_dir": str(out / "logs"), **parse_sets(args.set)}
     node_dirs = out / "nodes"
+    disks: dict[int, powercut.PowerCutMount] | None = None
+    if any(f in faultlib.POWER for f in args.faults):
+        ok, why = powercut.available()
+        if ok:
+            # node-i/data (the node's data_dir) is the mount; its files live in node-i/disk.
+            disks = {
+                i: powercut.PowerCutMount(
+                    node_dirs / f"node-{i}" / "data",
+                    node_dirs / f"node-{i}" / "disk",
+                    log_path=node_dirs / f"node-{i}" / "disk.log",
+                )
+                for i in range(args.nodes)
+            }
+        else:
+            _progress(why)
     cluster = LocalCluster(
         args.nodes,
         node_dirs,
@@ -254,23 +312,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         if network is not None:
             network.setup()
+        for disk in (disks or {}).values():
+            disk.start()
         cluster.start()
         _progress(
             f"{args.nodes} nodes up ({'network namespaces' if network else 'loopback'}); "
             f"running {args.duration:.0f} s"
         )
-        extra = asyncio.run(_drill(args, out, cluster, network))
+        extra = asyncio.run(_drill(args, out, cluster, network, disks))
     finally:
-        cluster.stop()
-        if network is not None:
-            network.teardown()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        try:
+            cluster.stop()
+        finally:
+            # After the nodes: a mount still in use would only be detached lazily.
+            for disk in (disks or {}).values():
+                disk.stop()
+            if network is not None:
+                network.teardown()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     checked = check(
-        read_history(out / "history.jsonl"), skew_allowance_ms=extra["skew_allowance_ms"]
+        read_history(out / "history.jsonl"),
+        skew_allowance_ms=extra["skew_allowance_ms"],
+        delivery="pop" if args.client == "grpc" else "pull",
     )
     result = {
         "nodes": args.nodes,
+        "client": args.client,
         "seed": args.seed,
         "duration_s": args.duration,
         "faults": args.faults,
@@ -278,7 +346,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         **checked.as_dict(),
         "out_dir": str(out),
     }
+    if "power_cuts" in extra:
+        result["power_cut_summary"] = _power_summary(result)
     return result
+
+
+def _power_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """Power cuts by scope, the messages each lost, and the loss window against the bound."""
+    cuts = [f for f in result["faults"] if f.get("fault") == "power-cut"]
+    windows = [f["lost_acked_ms_before"]["max"] for f in cuts if f.get("lost_acked_ms_before")]
+    by_scope: dict[str, dict[str, int]] = {}
+    for f in cuts:
+        row = by_scope.setdefault(str(f.get("scope")), {"cuts": 0, "lost": 0})
+        row["cuts"] += 1
+        row["lost"] += int(f.get("lost", 0))
+    return {
+        "cuts": len(cuts),
+        "by_scope": by_scope,
+        "lost": sum(int(f.get("lost", 0)) for f in cuts),
+        "lost_acked_ms_before_cut_max": max(windows) if windows else None,
+        "async_bound_ms": ASYNC_FLUSH_INTERVAL_MS,
+    }
 
 
 def _table(result: dict[str, Any]) -> None:
@@ -290,6 +378,7 @@ def _table(result: dict[str, Any]) -> None:
         ("consumed", result["consumed"]),
         *[(name, result[name]) for name in SAFETY],
         ("recovered", result["recovered"]),
+        *[(name, result[name]) for name in ("redelivered", "unacked") if name in result],
         ("cancelled", result["cancelled"]),
         ("lateness p50/p99/max ms", "{p50} / {p99} / {max}".format(**result["lateness_ms"])),
         ("replicas converged", result.get("replicas_converged")),
@@ -297,6 +386,8 @@ def _table(result: dict[str, Any]) -> None:
     print_rows(rows)
     for finding in result.get("findings", []):
         print(f"finding: {finding}")
+    if result.get("power_cut_summary"):
+        _power_table(result)
     if result["rto_s"]:
         print()
         print(
@@ -313,14 +404,49 @@ def _table(result: dict[str, Any]) -> None:
             )
 
 
+def _power_table(result: dict[str, Any]) -> None:
+    summary = result["power_cut_summary"]
+    cuts = [f for f in result["faults"] if f.get("fault") == "power-cut"]
+    details = result.get("power_cuts", [])
+    print()
+    print(f"{'power cut':<10} {'scope':<9} {'nodes':<10} {'lost':>5}  acked before cut (ms)  disk")
+    for k, f in enumerate(cuts):
+        window = f.get("lost_acked_ms_before")
+        span = f"{window['min']}-{window['max']}" if window else "-"
+        disk = ""
+        if k < len(details):
+            per_node = details[k].get("cut", {}).values()
+            disk = "files reverted {}, entries lost {}".format(
+                sum(c["files_reverted"] for c in per_node),
+                sum(c["entries_lost"] for c in per_node),
+            )
+        nodes = ",".join(str(n) for n in f.get("nodes", []))
+        print(
+            f"{k + 1:<10} {f.get('scope')!s:<9} {nodes:<10} {f.get('lost', 0):>5}  {span:<21}  {disk}"
+        )
+    window = summary["lost_acked_ms_before_cut_max"]
+    print(
+        f"{summary['cuts']} power cuts lost {summary['lost']} acknowledged messages"
+        + (
+            f", acknowledged up to {window} ms before the cut "
+            f"(flush=async bound in the README: {summary['async_bound_ms']} ms)"
+            if window is not None
+            else ""
+        )
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1, 10**6)
     print(f"seed {args.seed}", file=sys.stderr, flush=True)
-    unknown = [f for f in args.faults if f not in faultlib.ALL_FAULTS]
+    if args.client == "grpc" and parse_sets(args.set).get("tls_cert_file"):
+        print("chronomq drill: --client grpc does not speak TLS yet", file=sys.stderr)
+        return 2
+    unknown = [f for f in args.faults if f not in faultlib.KNOWN_FAULTS]
     if unknown:
         print(
-            f"chronomq drill: unknown fault {unknown[0]!r}; choose from {', '.join(faultlib.ALL_FAULTS)}",
+            f"chronomq drill: unknown fault {unknown[0]!r}; choose from {', '.join(faultlib.KNOWN_FAULTS)}",
             file=sys.stderr,
         )
         return 2
@@ -360,11 +486,15 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "drill",
         help="failover drill: workload + faults + delivery checker",
-        description=__doc__ + "\nfaults: " + ", ".join(faultlib.ALL_FAULTS),
+        description=__doc__
+        + "\nfaults: "
+        + ", ".join(faultlib.KNOWN_FAULTS)
+        + " ('all': every one but power-cut)",
         epilog="examples:\n"
         "  chronomq drill --nodes 3 --faults kill-leader,kill-follower,pause-leader "
         "--duration 60 --seed 7 --out drill.json\n"
         "  chronomq drill --nodes 3 --faults transfer-leader,membership --duration 60 --seed 7\n"
+        "  chronomq drill --client grpc --faults kill-leader --duration 30 --seed 7\n"
         "  sudo chronomq drill --nodes 5 --faults all --duration 600 --out drill5.json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -377,6 +507,13 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--duration", type=float, default=60.0, help="seconds of workload")
     p.add_argument("--seed", type=int, default=None, help="makes the fault order repeatable")
+    p.add_argument(
+        "--client",
+        choices=["http", "grpc"],
+        default="http",
+        help="http: produce and pull over the HTTP API (default); grpc: the official "
+        "RocketMQ 5 Producer and SimpleConsumer (receive and ack)",
+    )
     p.add_argument("--rate", type=float, default=100.0, help="messages per second")
     p.add_argument(
         "--hold", type=float, default=faultlib.DEFAULT_HOLD_S, help="seconds a fault lasts"

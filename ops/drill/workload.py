@@ -216,6 +216,29 @@ class Workload:
             await asyncio.sleep(0.05)
         return True
 
+    async def final_read(self, deadline_s: float = 60.0) -> bool:
+        """Read every queue again from offset 0 and record which tokens the log holds now
+        (one ``final`` record per queue): a message consumed and then lost from the log (a
+        power cut) shows up missing there. False when a queue could not be read to its end."""
+        deadline = time.monotonic() + deadline_s
+        for q in range(QUEUES):
+            offset, tokens = 0, list[Any]()
+            while True:
+                if time.monotonic() > deadline:
+                    return False
+                path = f"/v1/topics/{TOPIC}/queues/{q}/messages?offset={offset}&max=500"
+                try:
+                    page = await self.client.request("GET", path, deadline_s=5)
+                except (ClientError, TimeoutError, ConnectionError, OSError):
+                    await asyncio.sleep(0.2)
+                    continue
+                tokens.extend(m.get("body") for m in page["messages"])
+                if not page["messages"] or page["next_offset"] <= offset:
+                    break
+                offset = page["next_offset"]
+            self.history.add("final", "ok", queue=q, tokens=tokens)
+        return True
+
     def outstanding(self) -> int:
         """Acknowledged messages not yet seen (cancelled timers excluded)."""
         return len(self.acknowledged - self.cancelled - self.seen)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cluster.cli import build_parser, main
+from chronomq.cli import build_parser, main
 
 
 def commands(
@@ -57,6 +57,7 @@ def test_the_tree_covers_every_command() -> None:
         "bench produce",
         "bench schedule",
         "bench timer",
+        "bench grpc",
         "config",
         "api",
         "drill",

@@ -10,9 +10,7 @@ import pytest
 
 from cluster.client import ConsumedLog, Consumer, consumed_line
 from cluster.config import load
-from cluster.nodelogs import NodeLogs, install_metrics, log_dir
-from ops.logwriter import keep_sample
-from ops.schema import (
+from cluster.logschema import (
     EventRecord,
     EventType,
     LatencyRecord,
@@ -22,6 +20,8 @@ from ops.schema import (
     Stage,
     decode,
 )
+from cluster.logwriter import keep_sample
+from cluster.nodelogs import NodeLogs, install_metrics, log_dir
 from raftlog import command as cmdcodec
 from raftlog.clock import FakeClock
 from raftlog.record import msg_id_hex

@@ -49,7 +49,12 @@ def test_spec_documents_the_bearer_token_and_the_open_routes() -> None:
             for method, op in item.items()
             if op.get("security") == []
         }
-        expected = {("GET", "/healthz"), ("GET", "/readyz")}
+        expected = {
+            ("GET", "/healthz"),
+            ("GET", "/readyz"),
+            ("GET", "/console"),
+            ("GET", "/console/{file}"),
+        }
         if metrics_public:
             expected.add(("GET", "/metrics"))
         assert open_ops == expected

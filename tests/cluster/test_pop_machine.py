@@ -317,8 +317,8 @@ def test_metrics_show_held_messages_and_what_apply_did(make: Any) -> None:
     value = registry.get_sample_value
     assert value("chronomq_pop_held_messages", {"state": "inflight"}) == 2
     assert value("chronomq_pop_held_messages", {"state": "revived"}) == 0
-    assert value("chronomq_pop_applied", {"what": "popped"}) == 3
-    assert value("chronomq_pop_applied", {"what": "ack"}) == 1
+    assert value("chronomq_pop_applied_total", {"what": "popped"}) == 3
+    assert value("chronomq_pop_applied_total", {"what": "ack"}) == 1
     assert value("chronomq_pop_revive_behind") == 0
 
 

@@ -260,6 +260,11 @@ def test_members_and_route() -> None:
     ]
     members = routes.live_members(config, peers, {"127.0.0.1:9081": True, "127.0.0.1:9082": False})
     assert [(m.host, m.port) for m in members] == [("127.0.0.1", 8180), ("127.0.0.1", 8181)]
+    # The leader's address first: the client's channel starts on the node serving writes.
+    first = routes.leader_first(members, "http://127.0.0.1:8081", config)
+    assert [m.port for m in first] == [8181, 8180]
+    assert routes.leader_first(members, None, config) == members
+    assert routes.leader_first(members, "http://127.0.0.1:8082", config) == members  # not live
     queues = routes.message_queues(pb.Resource(name="orders"), 4, members)
     assert [q.id for q in queues] == [0, 1, 2, 3]
     assert all(len(q.broker.endpoints.addresses) == 2 for q in queues)

@@ -16,7 +16,7 @@ def test_bench_timer_runs_both_phases(tmp_path: Path) -> None:
     http, raft = free_port_base(3, random.Random())
     out = tmp_path / "bench.json"
     cmd = [
-        sys.executable, "-m", "cluster", "bench", "timer", "--nodes", "3",
+        sys.executable, "-m", "chronomq", "bench", "timer", "--nodes", "3",
         "--rate", "200", "--duration", "3", "--horizon", "3", "--burst", "3000",
         "--http-port", str(http), "--raft-port", str(raft),
         "--data-dir", str(tmp_path / "data"), "--out", str(out),

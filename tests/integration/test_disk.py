@@ -151,7 +151,7 @@ async def test_produce_answers_507_before_the_disk_fills_and_nothing_acknowledge
         async with aiohttp.ClientSession() as http, http.get(f"{cluster.urls[0]}/metrics") as r:
             text = await r.text()
             assert "chronomq_disk_used_ratio" in text
-            assert "chronomq_produce_disk_full_rejections" in text
+            assert "chronomq_produce_disk_full_rejections_total" in text
         assert all(cluster.alive(i) for i in range(3)), dump_logs(cluster)
 
 

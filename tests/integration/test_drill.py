@@ -20,7 +20,9 @@ from tests.integration.conftest import free_port_base
 pytestmark = pytest.mark.integration
 
 
-def drill_cmd(tmp_path: Path, faults: str, duration: int, seed: int, nodes: int = 3) -> list[str]:
+def drill_cmd(
+    tmp_path: Path, faults: str, duration: int, seed: int, nodes: int = 3, *extra: str
+) -> list[str]:
     http, raft = free_port_base(nodes, random.Random())
     return [
         sys.executable,
@@ -43,6 +45,7 @@ def drill_cmd(tmp_path: Path, faults: str, duration: int, seed: int, nodes: int 
         str(http),
         "--raft-port",
         str(raft),
+        *extra,
     ]
 
 
@@ -136,6 +139,41 @@ def test_churn_drill_moves_the_leadership_and_a_member_safely(tmp_path: Path) ->
         assert r["status"] in (200, 201) or (r["retries"] and r["status"] in (404, 409)), r
     # A removed node that keeps running answers 410 removed_from_cluster: no finding.
     assert result["findings"] == [], detail
+    assert not leftover_nodes(tmp_path / "run")
+
+
+def test_grpc_drill_with_the_official_client_through_a_leader_kill(tmp_path: Path) -> None:
+    """``--client grpc``: the official Producer sends plain, timer and delay-level messages,
+    SimpleConsumers receive and ack them, one leader is killed. Nothing lost, acked twice,
+    early or invented; the messages left unacked on purpose come back (redelivered)."""
+    seed = random.randrange(1, 10**6)
+    proc = subprocess.run(
+        drill_cmd(tmp_path, "kill-leader", 25, seed, 3, "--client", "grpc"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    detail = f"seed {seed}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, detail
+    result = json.loads((tmp_path / "drill.json").read_text())
+    for name in ("lost", "duplicated", "early", "unexpected", "cancelled_delivered"):
+        assert result[name] == 0, f"{name}: {detail}"
+    assert (result["client"], result["delivery"]) == ("grpc", "pop"), detail
+    assert result["acknowledged"] > 300, detail
+    assert result["unacked"] == 0, detail
+    assert result["redelivered"] >= 1, detail
+    assert result["replicas_converged"] is True and not result.get("aborted"), detail
+    # 25 s leaves room for one or two kills (a slow machine may end the time before the second).
+    assert result["faults_run"] in (["kill-leader"], ["kill-leader"] * 2), detail
+    assert result["rto_s"]["kill-leader"]["n"] == len(result["faults_run"]), detail
+    history = list(read_history(tmp_path / "run" / "history.jsonl"))
+    kinds = {
+        r["token"]: r["kind"] for r in history if r["op"] == "produce" and r["type"] == "invoke"
+    }
+    received = {r["token"] for r in history if r["op"] == "consume"}
+    assert {kinds[t] for t in received} == {"plain", "level", "timer"}, detail
+    assert any(r["op"] == "ack" and r["type"] == "ok" for r in history), detail
     assert not leftover_nodes(tmp_path / "run")
 
 

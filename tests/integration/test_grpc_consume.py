@@ -30,7 +30,8 @@ from rocketmq import (
 )
 
 from cluster.launcher import LocalCluster
-from tests.integration.conftest import dump_logs
+from cluster.logschema import LatencyRecord, MessageKind, RecordType, Stage, decode
+from tests.integration.conftest import dump_logs, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -178,6 +179,28 @@ async def test_simple_consumer_receives_acks_and_sees_unacked_again(make_cluster
                 assert got_ms >= timers[msg_id][1] - PRECISION_MS, "a timer message came early"
             else:
                 assert body.decode() == plain[msg_id]
+
+        # The node that served the receives logged each first delivery as consumed: the
+        # Spark report's end-to-end lateness of timer messages consumed over gRPC.
+        def consumed() -> list[LatencyRecord]:
+            out = []
+            for i in range(cluster.n):
+                for f in cluster.node_dir(i).rglob("latency-*.jsonl"):
+                    for line in f.read_bytes().splitlines():
+                        rec = decode(line, RecordType.LATENCY)
+                        assert isinstance(rec, LatencyRecord)
+                        if rec.stage == Stage.CONSUMED and rec.topic == topic:
+                            out.append(rec)
+            return out
+
+        async def all_consumed() -> bool:
+            return len(await asyncio.to_thread(consumed)) >= len(expected)
+
+        await wait_for(all_consumed, 30, "consumed lines for every message", cluster)
+        lines = await asyncio.to_thread(consumed)
+        timer_lines = [r for r in lines if r.kind == MessageKind.TIMER]
+        assert len(timer_lines) == len(set(timers) - recalled)
+        assert all(r.due_ms is not None and r.consumed_ms >= r.due_ms for r in timer_lines)
     except BaseException:
         print(dump_logs(cluster))
         raise

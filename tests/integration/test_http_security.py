@@ -33,7 +33,14 @@ pytestmark = pytest.mark.integration
 
 TOKEN = "integration-token-0123456789"
 MSG_ID = "0" * 32
-PATH_VALUES = {"topic": "sec", "queue": "0", "group": "g", "id": "9", "msg_id": MSG_ID}
+PATH_VALUES = {
+    "topic": "sec",
+    "queue": "0",
+    "group": "g",
+    "id": "9",
+    "msg_id": MSG_ID,
+    "file": "app.js",
+}
 # Bodies that keep the cluster as it is (a transfer to no such node, an empty change...).
 BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/v1/topics/{topic}/messages"): {"messages": [{"body": "x"}]},
@@ -75,7 +82,12 @@ def test_every_route_of_the_openapi_needs_the_token(
     cluster: LocalCluster = make_cluster(auth_token=TOKEN, metrics_public=metrics_public)
     leader = cluster.wait_leader(60)
     follower = cluster.http_url(next(i for i in range(3) if i != leader))
-    open_routes = {("GET", "/healthz"), ("GET", "/readyz")}
+    open_routes = {
+        ("GET", "/healthz"),
+        ("GET", "/readyz"),
+        ("GET", "/console"),
+        ("GET", "/console/{file}"),
+    }
     if metrics_public:
         open_routes.add(("GET", "/metrics"))
 

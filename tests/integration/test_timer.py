@@ -53,7 +53,7 @@ async def send(
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cluster", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "chronomq", *args], capture_output=True, text=True, timeout=60
     )
 
 
@@ -247,7 +247,7 @@ def test_cancel_before_and_after_delivery(make_cluster: Any) -> None:
             ):
                 text = await r.text()
             assert "chronomq_timer_backlog 1.0" in text
-            assert 'chronomq_timer_messages{event="tombstones"} 2.0' in text
+            assert 'chronomq_timer_messages_total{event="tombstones"} 2.0' in text
 
     asyncio.run(go())
     cluster.wait_converged(30)

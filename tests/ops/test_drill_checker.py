@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ops.drill.checker import check, recovery_marks
 from ops.drill.history import History, read_history
 
@@ -185,3 +187,151 @@ def test_recovery_marks_replace_a_faults_start_by_its_disruptions() -> None:
         ("membership", 6),
         ("membership", 9),
     ]
+
+
+# ---------------------------------------------------------------------- pop (gRPC workload)
+
+
+def receive(token: str, t: int, handed: int, attempt: int = 1) -> dict[str, Any]:
+    return {
+        "op": "consume",
+        "type": "ok",
+        "token": token,
+        "t_ms": t,
+        "handed_ms": handed,
+        "topic": "drill",
+        "attempt": attempt,
+    }
+
+
+def ack(token: str, t: int, outcome: str = "ok", attempt: int = 1) -> dict[str, Any]:
+    return {"op": "ack", "type": outcome, "token": token, "t_ms": t, "attempt": attempt}
+
+
+def test_pop_received_and_acked_once_is_safe() -> None:
+    h = [
+        *produce("a", 1000, due=2000),
+        *produce("b", 1000, kind="plain"),
+        receive("a", 2010, 2004),
+        ack("a", 2015),
+        receive("b", 1010, 1008),
+        ack("b", 1012),
+    ]
+    r = check(h, delivery="pop")
+    assert r.safe and (r.redelivered, r.unacked) == (0, 0)
+    assert (r.produced, r.acknowledged, r.consumed) == (2, 2, 2)
+    assert r.lateness_ms["max"] == 4
+    d = r.as_dict()
+    assert (d["delivery"], d["redelivered"], d["unacked"]) == ("pop", 0, 0)
+
+
+def test_pop_redelivery_after_a_failed_or_skipped_ack_is_not_a_duplicate() -> None:
+    h = [
+        *produce("a", 1000, kind="plain"),
+        receive("a", 1010, 1008),
+        ack("a", 1020, "fail"),
+        receive("a", 7010, 7008, attempt=2),
+        ack("a", 7020),
+        *produce("b", 1000, kind="plain"),
+        receive("b", 1010, 1008),  # left unacked on purpose; back after its invisible time
+        receive("b", 6010, 6008, attempt=2),
+        ack("b", 6020, "unknown"),  # no answer: it may count, or come back once more
+        receive("b", 11010, 11008, attempt=3),
+        ack("b", 11020),
+    ]
+    r = check(h, delivery="pop")
+    assert r.safe and r.duplicated == 0
+    assert r.redelivered == 2 and r.examples["redelivered"] == ["a", "b"]
+
+
+def test_pop_acked_successfully_twice_is_a_duplicate() -> None:
+    h = [
+        *produce("a", 1000, kind="plain"),
+        receive("a", 1010, 1008),
+        ack("a", 1020),
+        receive("a", 7010, 7008, attempt=2),  # handed out again although acked
+        ack("a", 7020),
+    ]
+    r = check(h, delivery="pop")
+    assert r.duplicated == 1 and r.redelivered == 0 and not r.safe
+    assert r.examples["duplicated"] == ["a"]
+    # Pull semantics would see one position (none) and no duplicate: the mode matters.
+    assert check(h).duplicated == 0
+
+
+def test_pop_lost_unexpected_early_and_unacked() -> None:
+    h = [
+        *produce("lost", 1000, kind="plain"),
+        receive("ghost", 1500, 1500),
+        ack("ghost", 1510),
+        *produce("early", 1000, due=5000, kind="timer"),
+        receive("early", 5100, 4900),  # handed out 100 ms before due, by the broker's clock
+        ack("early", 5110),
+        *produce("early-read", 1000, due=5000, kind="timer"),
+        receive("early-read", 4990, 5001),  # read before due, by the drill's clock
+        ack("early-read", 5000),
+        *produce("never-acked", 1000, kind="plain"),
+        receive("never-acked", 1010, 1008),
+        ack("never-acked", 1020, "fail"),
+        *produce("maybe-acked", 1000, kind="plain"),
+        receive("maybe-acked", 1010, 1008),
+        ack("maybe-acked", 1020, "unknown"),  # it may have counted: nothing is owed
+    ]
+    r = check(h, delivery="pop")
+    assert (r.lost, r.unexpected, r.early) == (1, 1, 2)
+    assert r.examples["early"] == ["early", "early-read"]
+    assert r.unacked == 1 and r.examples["unacked"] == ["never-acked"]
+    assert check(h, delivery="pop", skew_allowance_ms=200).early == 0
+
+
+def test_pull_results_keep_their_keys() -> None:
+    d = check([*produce("a", 1000, kind="plain"), consume("a", 1010, 1006, 0)]).as_dict()
+    assert not {"delivery", "redelivered", "unacked"} & set(d)
+
+
+def test_delivery_mode_is_checked() -> None:
+    with pytest.raises(ValueError, match="delivery"):
+        check([], delivery="push")
+
+
+def _fault(kind: str, fault: str, t: int, **detail: Any) -> dict[str, Any]:
+    return {"op": "fault", "type": kind, "fault": fault, "t_ms": t, **detail}
+
+
+def test_a_message_consumed_then_gone_from_the_final_read_is_lost() -> None:
+    h = [
+        *produce("a", 1000, kind="plain"),
+        *produce("b", 1000, kind="plain"),
+        *produce("c", 1000, kind="plain"),
+        consume("a", 1010, 1006, 0),
+        consume("b", 1010, 1006, 1),
+        _fault("start", "power-cut", 2000, scope="all", nodes=[0, 1, 2]),
+        _fault("end", "power-cut", 3000, scope="all", nodes=[0, 1, 2]),
+        # The log after the cut holds a (consumed) and c (never consumed: the consumers had
+        # passed its offset), not b.
+        {"op": "final", "type": "ok", "t_ms": 9000, "queue": 0, "tokens": ["a", "c"]},
+    ]
+    r = check(h)
+    assert r.lost == 2 and sorted(r.examples["lost"]) == ["b", "c"]
+    assert r.lost_after_consumed == 1 and r.lost_unconsumed_in_log == 1
+    # Without a final read only what was never consumed counts.
+    assert check([x for x in h if x["op"] != "final"]).lost == 1
+
+
+def test_lost_messages_are_charged_to_the_fault_they_preceded() -> None:
+    h = [
+        *produce("early", 1000, kind="plain"),
+        _fault("start", "kill-leader", 2000),
+        _fault("end", "kill-leader", 2500),
+        *produce("before-cut", 4000, kind="plain"),
+        _fault("start", "power-cut", 4200, scope="all"),
+        *produce("during-cut", 4210, kind="plain"),  # answered as the nodes died
+        _fault("end", "power-cut", 6000, scope="all"),
+        *produce("after", 7000, kind="plain"),
+    ]
+    r = check(h)
+    assert r.lost == 4
+    kill, cut = r.faults
+    assert kill["lost"] == 1 and kill["lost_acked_ms_before"] == {"min": 995, "max": 995}
+    assert cut["lost"] == 2 and cut["lost_acked_ms_before"] == {"min": -15, "max": 195}
+    assert r.lost_after_faults == 1

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ops import logwriter
-from ops.logwriter import LogWriter, LogWriterConfig, keep_sample
-from ops.schema import (
+from cluster import logwriter
+from cluster.logschema import (
     EventRecord,
     EventType,
     LatencyRecord,
@@ -23,6 +22,7 @@ from ops.schema import (
     decode,
     encode,
 )
+from cluster.logwriter import LogWriter, LogWriterConfig, keep_sample
 
 DEADLINE_S = 20.0
 
@@ -116,7 +116,7 @@ def test_full_buffer_drops_counts_and_reports(
     accepted = sum(writer.write(latency(i)) for i in range(1, 1_001))
     assert accepted == 100
     assert writer.stats().dropped == 900
-    with caplog.at_level(logging.WARNING, logger="chronomq.ops.logwriter"):
+    with caplog.at_level(logging.WARNING, logger="chronomq.logwriter"):
         blocked_sink.set()
         stats = writer.close()
     assert stats.dropped == 900 and stats.written >= 101
@@ -197,7 +197,7 @@ def test_write_errors_are_counted_not_raised(
 
     monkeypatch.setattr(logwriter.RotatingFile, "write", broken)
     with (
-        caplog.at_level(logging.ERROR, logger="chronomq.ops.logwriter"),
+        caplog.at_level(logging.ERROR, logger="chronomq.logwriter"),
         LogWriter(tmp_path, "n0") as writer,
     ):
         for i in range(10):

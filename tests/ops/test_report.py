@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from cluster.logschema import CorruptLine, NewerSchemaVersion, RecordType, decode
 from ops.report import ReportFailed, compute
 from ops.report_ingest import CORRUPT, OK, find_log_files, parse_lines
-from ops.schema import CorruptLine, NewerSchemaVersion, RecordType, decode
 from ops.synth import SynthResult
 from tests.ops import expected
 from tests.ops.conftest import ReportRun

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.schema import (
+from cluster.logschema import (
     EventRecord,
     LatencyRecord,
     MessageKind,

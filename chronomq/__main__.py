@@ -1,0 +1,5 @@
+import sys
+
+from chronomq.cli import main
+
+sys.exit(main())

@@ -1,0 +1,368 @@
+"""The asyncio client: :class:`Producer` and :class:`Consumer` for code that runs on an event
+loop (aiohttp, FastAPI, asyncio workers). Same behaviour as :mod:`chronomq`'s synchronous
+classes: batches with a linger time, failover, ``Retry-After``, one task per queue read.
+
+    async with chronomq.aio.Producer(urls) as producer:
+        await producer.send("orders", "order 42 created", delay_ms=30_000)
+    async with chronomq.aio.Consumer(urls, "billing", "orders") as consumer:
+        async for msg in consumer:
+            ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from chronomq import _api
+from chronomq._batch import Batcher
+from chronomq._consume import ConsumerState, FetchStart, Start
+from chronomq._http_aio import AioTransport
+from chronomq._model import CancelResult, MessageData, SendResult, message_fields, produce_message
+from chronomq.errors import ChronomqError, RequestError
+
+__all__ = ["Consumer", "Message", "Producer"]
+
+log = logging.getLogger("chronomq")
+
+
+class Producer:
+    """Sends messages in batches (see :class:`chronomq.Producer`); ``await send(...)`` returns
+    once a majority stored the message. Use within one event loop; ``async with`` or
+    ``await close()``."""
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        linger_ms: float = 5,
+        max_batch: int = 100,
+        max_pending: int = 10_000,
+        token: str | None = None,
+        ca_file: str | None = None,
+        deadline_s: float = 30.0,
+        request_timeout_s: float = 15.0,
+    ) -> None:
+        self._t = AioTransport(
+            urls,
+            token=token,
+            ca_file=ca_file,
+            deadline_s=deadline_s,
+            request_timeout_s=request_timeout_s,
+        )
+        self._batcher: Batcher[asyncio.Future[SendResult]] = Batcher(
+            max_batch, linger_ms / 1000, max_pending
+        )
+        self._changed: asyncio.Condition | None = None
+        self._closed = False
+        self._flushing = 0
+        self._in_flight = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Producer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _cond(self) -> asyncio.Condition:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    async def send(
+        self,
+        topic: str,
+        body: str | bytes,
+        *,
+        keys: Iterable[str] | str | None = None,
+        tags: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        queue: int | None = None,
+        delay_level: int | None = None,
+        delay_ms: int | None = None,
+        deliver_at_ms: int | None = None,
+    ) -> SendResult:
+        """Send one message and return where it was stored (at most one of ``delay_level``,
+        ``delay_ms``, ``deliver_at_ms``). Waits while ``max_pending`` messages wait."""
+        message = produce_message(
+            body,
+            keys=keys,
+            tags=tags,
+            properties=properties,
+            queue=queue,
+            delay_level=delay_level,
+            delay_ms=delay_ms,
+            deliver_at_ms=deliver_at_ms,
+        )
+        fut: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        cond = self._cond()
+        async with cond:
+            await cond.wait_for(lambda: self._closed or not self._batcher.full())
+            if self._closed:
+                raise RuntimeError("the producer is closed")
+            self._batcher.add(topic, message, fut, time.monotonic())
+            if self._task is None:
+                self._task = asyncio.create_task(self._run(), name="chronomq-producer")
+            cond.notify_all()
+        return await fut
+
+    async def flush(self) -> None:
+        """Send what waits now, and wait until nothing is pending or in flight."""
+        cond = self._cond()
+        async with cond:
+            self._flushing += 1
+            cond.notify_all()
+            try:
+                await cond.wait_for(lambda: self._batcher.pending == 0 and self._in_flight == 0)
+            finally:
+                self._flushing -= 1
+
+    async def cancel(self, msg_id: str) -> CancelResult:
+        """Cancel a timer message by the ``msg_id`` its send returned."""
+        req = _api.cancel_timer(msg_id)
+        return _api.cancel_result(msg_id, await self._t.call(**req.kwargs()))
+
+    async def close(self) -> None:
+        """Send what is pending, then stop."""
+        if self._closed:
+            return
+        try:
+            await self.flush()
+        finally:
+            cond = self._cond()
+            async with cond:
+                self._closed = True
+                cond.notify_all()
+            if self._task is not None:
+                await self._task
+            await self._t.close()
+
+    async def _run(self) -> None:
+        cond = self._cond()
+        while True:
+            async with cond:
+                while True:
+                    now = time.monotonic()
+                    topic, batch = self._batcher.take(now, flush=self._flushing > 0)
+                    if batch:
+                        self._in_flight += len(batch)
+                        cond.notify_all()
+                        break
+                    if self._closed:
+                        return
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(cond.wait(), self._batcher.wait_s(now))
+            try:
+                await self._send_batch(topic, batch)
+            finally:
+                async with cond:
+                    self._in_flight -= len(batch)
+                    cond.notify_all()
+
+    async def _send_batch(
+        self, topic: str, batch: list[tuple[dict[str, Any], asyncio.Future[SendResult]]]
+    ) -> None:
+        req = _api.produce(topic, [m for m, _ in batch], _api.new_idempotency_key())
+        try:
+            results = _api.send_results(await self._t.call(**req.kwargs()))
+        except Exception as exc:
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        for (_, fut), r in zip(batch, results, strict=True):
+            if not fut.done():
+                fut.set_result(r)
+
+
+@dataclass(frozen=True, slots=True)
+class Message(MessageData):
+    """A consumed message (see :class:`chronomq._model.MessageData` for its fields)."""
+
+    _consumer: Consumer | None = field(default=None, repr=False, compare=False)
+
+    async def reconsume_later(self, delay_level: int = 0) -> str:
+        """Send the message back through the group's retry topic (or to its DLQ after
+        ``max_reconsume_times``): ``"retry"`` or ``"dlq"``. It counts as finished."""
+        if self._consumer is None:
+            raise RuntimeError("this message does not belong to a consumer")
+        return await self._consumer._send_back(self, delay_level)
+
+
+class Consumer:
+    """Reads every queue of ``topics`` and of the group's retry topic (see
+    :class:`chronomq.Consumer`): ``async for msg in consumer``, or ``await poll(timeout_s)``."""
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        group: str,
+        topics: str | Sequence[str],
+        *,
+        auto_commit: bool = True,
+        auto_commit_interval_ms: int = 1000,
+        start: Start = "earliest",
+        max_messages: int = 32,
+        fetch_wait_ms: int = 5000,
+        refresh_interval_ms: int = 5000,
+        max_buffered_pages: int = 16,
+        token: str | None = None,
+        ca_file: str | None = None,
+        deadline_s: float = 30.0,
+        request_timeout_s: float = 15.0,
+    ) -> None:
+        self._t = AioTransport(
+            urls,
+            token=token,
+            ca_file=ca_file,
+            deadline_s=deadline_s,
+            request_timeout_s=request_timeout_s,
+        )
+        self.group = group
+        self._state = ConsumerState(
+            group,
+            [topics] if isinstance(topics, str) else list(topics),
+            start=start,
+            auto_commit_interval_s=auto_commit_interval_ms / 1000 if auto_commit else None,
+            refresh_interval_s=refresh_interval_ms / 1000,
+            now=time.monotonic(),
+        )
+        self._max_messages = max_messages
+        self._fetch_wait_ms = fetch_wait_ms
+        self._max_buffered_pages = max_buffered_pages
+        self._pages: asyncio.Queue[list[Message]] | None = None
+        self._page: list[Message] = []
+        self._closed = False
+        self._error: BaseException | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def topics(self) -> list[str]:
+        return list(self._state.topics)
+
+    async def __aenter__(self) -> Consumer:
+        return self
+
+    async def __aexit__(self, exc_type: object, *exc: object) -> None:
+        await self.close(finished=exc_type is None)
+
+    async def __aiter__(self) -> AsyncIterator[Message]:
+        while True:
+            msg = await self.poll(None)
+            if msg is None:
+                return
+            yield msg
+
+    async def poll(self, timeout_s: float | None = None) -> Message | None:
+        """The next message, waiting at most ``timeout_s`` (forever when None); None on
+        timeout or once closed. The message handed out before is finished."""
+        state = self._state
+        state.finish_in_hand()
+        if self._pages is None:
+            self._pages = asyncio.Queue(self._max_buffered_pages)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self._closed:
+            if self._error is not None:
+                raise self._error
+            now = time.monotonic()
+            if state.refresh_due(now):
+                await self._refresh()
+            if state.commit_due(now):
+                await self._commit()
+                state.auto_committed(now)
+            if self._page:
+                msg = self._page.pop(0)
+                state.hand_out(msg)
+                return msg
+            cap = 0.5 if deadline is None else min(0.5, deadline - now)
+            if cap <= 0:
+                return None
+            with contextlib.suppress(TimeoutError):
+                self._page = await asyncio.wait_for(self._pages.get(), state.wait_s(now, cap))
+        return None
+
+    async def commit(self) -> None:
+        """Commit every message handed out so far (the current one included) now."""
+        self._state.finish_in_hand()
+        await self._commit()
+
+    async def close(self, finished: bool = True) -> None:
+        """Stop reading; with ``finished`` the message in hand counts as finished. With
+        auto-commit, finished offsets are committed first."""
+        if self._closed:
+            return
+        try:
+            if finished:
+                self._state.finish_in_hand()
+            if self._state.auto_commit_interval_s is not None:
+                await self._commit()
+        finally:
+            self._closed = True
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._t.close()
+
+    async def _refresh(self) -> None:
+        state = self._state
+        for topic in state.topics:
+            try:
+                described = await self._t.call(**_api.describe_topic(topic).kwargs())
+            except RequestError as exc:
+                if exc.status != 404:
+                    raise
+                described = None
+            offsets: list[dict[str, Any]] = []
+            if described is not None:
+                req = _api.group_offsets(self.group, topic)
+                offsets = (await self._t.call(**req.kwargs()))["offsets"]
+            for start in state.plan(topic, described, offsets):
+                self._tasks.append(
+                    asyncio.create_task(
+                        self._fetch(start), name=f"chronomq-fetch-{start.topic}-{start.queue}"
+                    )
+                )
+        state.refreshed(time.monotonic())
+
+    async def _fetch(self, start: FetchStart) -> None:
+        assert self._pages is not None
+        offset = start.offset
+        while not self._closed:
+            req = _api.pull(
+                start.topic, start.queue, offset, self._max_messages, self._fetch_wait_ms
+            )
+            try:
+                answer = await self._t.call(**req.kwargs())
+            except RequestError as exc:
+                if exc.status == 404:  # this node has not applied the topic yet
+                    await asyncio.sleep(0.2)
+                    continue
+                self._error = exc
+                return
+            except ChronomqError as exc:
+                log.warning("pull %s/%d failed, retrying: %s", start.topic, start.queue, exc)
+                await asyncio.sleep(0.2)
+                continue
+            offset = int(answer["next_offset"])
+            page = [Message(**message_fields(m), _consumer=self) for m in answer["messages"]]
+            if page:
+                await self._pages.put(page)
+
+    async def _commit(self) -> None:
+        state = self._state
+        for (topic, queue), offset in state.to_commit().items():
+            await self._t.call(**_api.commit_offset(self.group, topic, queue, offset).kwargs())
+            state.commit_done((topic, queue), offset)
+
+    async def _send_back(self, message: Message, delay_level: int) -> str:
+        req = _api.send_back(self.group, message.topic, message.queue, message.offset, delay_level)
+        answer = await self._t.call(**req.kwargs())
+        self._state.finish(message)
+        self._state.refresh_soon(time.monotonic())
+        return str(answer.get("target", "retry"))
