@@ -1,5 +1,5 @@
-"""The ``chronomq`` command: the node's commands (:mod:`cluster.cli`) and the operator tools
-of :mod:`ops` (bench, drill, report), assembled here, above both packages, so that the node
+"""The ``chronomq`` command: the node's commands (:mod:`chronomq.cluster.cli`) and the operator tools
+of :mod:`chronomq.ops` (bench, drill, report), assembled here, above both packages, so that the node
 package never imports the tooling."""
 
 from __future__ import annotations
@@ -7,15 +7,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from cluster.cli import build_parser as build_node_parser
-from cluster.cli import example_epilog, paragraph
-from cluster.cli import main as node_main
-from ops.bench_grpc import register as register_bench_grpc
-from ops.bench_produce import register as register_bench_produce
-from ops.bench_schedule import register as register_bench_schedule
-from ops.bench_timer import register as register_bench_timer
-from ops.cli import register as register_ops
-from ops.drill.run import register as register_drill
+from chronomq.cluster.cli import build_parser as build_node_parser
+from chronomq.cluster.cli import example_epilog, paragraph
+from chronomq.cluster.cli import main as node_main
+from chronomq.ops.bench_grpc import register as register_bench_grpc
+from chronomq.ops.bench_produce import register as register_bench_produce
+from chronomq.ops.bench_schedule import register as register_bench_schedule
+from chronomq.ops.bench_timer import register as register_bench_timer
+from chronomq.ops.cli import register as register_ops
+from chronomq.ops.drill.run import register as register_drill
 
 
 def add_ops_commands(sub: Any) -> None:

@@ -1,5 +1,5 @@
 import sys
 
-from cluster.cli import main
+from chronomq.cluster.cli import main
 
 sys.exit(main())

@@ -1,10 +1,10 @@
 """The HTTP API: routes, thin handlers and middlewares (errors, auth, metrics).
 
 Every node serves every route. Writes that reach a follower are forwarded to the leader (through
-:class:`cluster.peerhttp.PeerHttp`, which carries the node's own token); if the leader is unknown
+:class:`chronomq.cluster.peerhttp.PeerHttp`, which carries the node's own token); if the leader is unknown
 the answer is 503 with ``Retry-After``. Errors are always ``{"error", "message", "field"}``
 JSON; a stack trace never reaches a client. With ``auth_token`` set every route but the probes
-needs the bearer token (:mod:`cluster.auth`).
+needs the bearer token (:mod:`chronomq.cluster.auth`).
 """
 
 from __future__ import annotations
@@ -31,16 +31,16 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from cluster import logs, reserved
-from cluster.auth import auth_middleware
-from cluster.broker import Broker
-from cluster.config import ConfigError, host_port_problem, http_url_problem
-from cluster.errors import ApiError, bad_request, from_exception
-from cluster.httpconn import ConnectionGuard, HttpLimits
-from cluster.nodemetrics import GroupLagCollector, RaftCollector
-from cluster.runtimeconfig import RuntimeConfig
-from raftlog.removal import SIGNATURE_HEADER
-from raftlog.transfer import (
+from chronomq.cluster import logs, reserved
+from chronomq.cluster.auth import auth_middleware
+from chronomq.cluster.broker import Broker
+from chronomq.cluster.config import ConfigError, host_port_problem, http_url_problem
+from chronomq.cluster.errors import ApiError, bad_request, from_exception
+from chronomq.cluster.httpconn import ConnectionGuard, HttpLimits
+from chronomq.cluster.nodemetrics import GroupLagCollector, RaftCollector
+from chronomq.cluster.runtimeconfig import RuntimeConfig
+from chronomq.raftlog.removal import SIGNATURE_HEADER
+from chronomq.raftlog.transfer import (
     DEFAULT_TIMEOUT_MS,
     MAX_TIMEOUT_MS,
     TransferResult,
@@ -59,7 +59,7 @@ _FORWARD_HEADERS = ("Idempotency-Key", "Content-Type")
 
 class Metrics:
     """The node's registry: the gauges set on each scrape (:meth:`refresh`), the collectors
-    of :mod:`cluster.nodemetrics` and the services', and the process collector
+    of :mod:`chronomq.cluster.nodemetrics` and the services', and the process collector
     (``process_resident_memory_bytes``, ``process_cpu_seconds_total``, open fds, ...)."""
 
     def __init__(self) -> None:
@@ -496,7 +496,7 @@ async def put_offset(request: web.Request) -> web.Response:
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise bad_request(f"{name} must be a non-negative integer", name)
     broker.check_queue(topic, queue)  # type: ignore[arg-type]
-    from raftlog.record import validate_topic
+    from chronomq.raftlog.record import validate_topic
 
     validate_topic(group, "group")
     await broker.commit_offset(group, topic, queue, offset)  # type: ignore[arg-type]
@@ -532,7 +532,7 @@ async def admin_digest(request: web.Request) -> web.Response:
 
 
 def _config_view(request: web.Request) -> dict[str, Any]:
-    from cluster.runtimeconfig import RUNTIME_KEYS
+    from chronomq.cluster.runtimeconfig import RUNTIME_KEYS
 
     runtime = request.app[RUNTIME_CONFIG]
     return {
@@ -551,7 +551,7 @@ async def admin_config(request: web.Request) -> web.Response:
 async def admin_config_patch(request: web.Request) -> web.Response:
     """Change runtime keys cluster-wide: validated here, committed by the leader (one kv update,
     and the timer's switch command for its keys), answered once applied on this node."""
-    from cluster import runtimeconfig
+    from chronomq.cluster import runtimeconfig
 
     broker = request.app[BROKER]
     changes = runtimeconfig.validate(await read_json(request))
@@ -616,7 +616,7 @@ RUNTIME_CONFIG: web.AppKey[RuntimeConfig] = web.AppKey("runtime_config", Runtime
 
 async def leadership_transfer(request: web.Request) -> web.Response:
     """Hand the leadership to node ``to`` (or the most caught-up follower) and answer once it
-    has moved (200) or why not (404/409/503/504); see :mod:`raftlog.transfer`."""
+    has moved (200) or why not (404/409/503/504); see :mod:`chronomq.raftlog.transfer`."""
     broker = request.app[BROKER]
     if not broker.raftlog.is_leader:
         forwarded = await forward_to_leader(request, MAX_TIMEOUT_MS / 1000 + 5)
@@ -697,7 +697,7 @@ async def add_member(request: web.Request) -> web.Response:
     forwarded = await forward_to_leader(request)
     if forwarded is not None:
         return forwarded
-    from cluster.config import Peer
+    from chronomq.cluster.config import Peer
 
     body = await read_json(request)
     if not isinstance(body, dict):
@@ -760,7 +760,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    from cluster.openapi import spec
+    from chronomq.cluster.openapi import spec
 
     return json_response(spec(request.app[BROKER].config.metrics_public))
 
@@ -795,7 +795,7 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/readyz", readyz)
     r.add_get("/metrics", metrics)
     r.add_get("/openapi.json", openapi)
-    from cluster import api_console, api_lookup, api_pop, api_schedule, api_timer
+    from chronomq.cluster import api_console, api_lookup, api_pop, api_schedule, api_timer
 
     api_schedule.add_routes(app)
     api_timer.add_routes(app)
@@ -841,17 +841,17 @@ def create_app(broker: Broker) -> web.Application:
 
     app.cleanup_ctx.append(broker_ctx)
     add_routes(app)
-    from cluster import api_schedule, api_timer
+    from chronomq.cluster import api_schedule, api_timer
 
     api_schedule.install_metrics(app)
     api_timer.install_metrics(app)
     if broker.disk is not None:
-        from cluster.disk import install_metrics as install_disk_metrics
+        from chronomq.cluster.disk import install_metrics as install_disk_metrics
 
         metrics = app[METRICS]
         install_disk_metrics(metrics.registry, metrics.collectors, broker.disk)
     if broker.pop is not None:
-        from cluster.pop.metrics import install_metrics as install_pop_metrics
+        from chronomq.cluster.pop.metrics import install_metrics as install_pop_metrics
 
         install_pop_metrics(app[METRICS].registry, app[METRICS].collectors, broker.pop)
     return app

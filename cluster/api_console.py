@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from cluster.errors import ApiError
+from chronomq.cluster.errors import ApiError
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "

@@ -1,7 +1,7 @@
 """HTTP routes that find things for an operator: a message by id or by key, the consumer groups.
 
 Read on the node asked, from its own replica (a follower may lag the leader by its replication
-lag); the searches are bounded and run off the event loop (see :mod:`cluster.lookup`).
+lag); the searches are bounded and run off the event loop (see :mod:`chronomq.cluster.lookup`).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 
 from aiohttp import web
 
-from cluster.errors import ApiError, bad_request
-from cluster.lookup import MAX_KEY_RESULTS, Finder, SearchExhausted, lookup_errors
-from raftlog import record
-from schedule.retry import DLQ_TOPIC_PREFIX, RETRY_TOPIC_PREFIX
+from chronomq.cluster.errors import ApiError, bad_request
+from chronomq.cluster.lookup import MAX_KEY_RESULTS, Finder, SearchExhausted, lookup_errors
+from chronomq.raftlog import record
+from chronomq.schedule.retry import DLQ_TOPIC_PREFIX, RETRY_TOPIC_PREFIX
 
 _PLACE = {
     "type": ["object", "null"],
@@ -123,7 +123,7 @@ ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
 
 
 def _finder(request: web.Request) -> Finder:
-    from cluster.api import BROKER
+    from chronomq.cluster.api import BROKER
 
     broker = request.app[BROKER]
     schedule, timer = broker.schedule, broker.timer
@@ -155,7 +155,7 @@ async def _search(request: web.Request, fn: Any, *args: Any) -> Any:
 
 
 async def get_message(request: web.Request) -> web.Response:
-    from cluster.api import BROKER, json_response
+    from chronomq.cluster.api import BROKER, json_response
 
     msg_id = record.parse_msg_id(request.match_info["msg_id"], "msg_id")
     topic = request.query.get("topic") or None
@@ -175,7 +175,7 @@ async def get_message(request: web.Request) -> web.Response:
 
 
 async def messages_by_key(request: web.Request) -> web.Response:
-    from cluster.api import BROKER, int_param, json_response
+    from chronomq.cluster.api import BROKER, int_param, json_response
 
     topic = request.match_info["topic"]
     request.app[BROKER].queue_count(topic)  # 404 unknown_topic
@@ -194,8 +194,8 @@ def _side(topics: dict[str, list[int]], name: str) -> dict[str, Any]:
 
 
 async def list_groups(request: web.Request) -> web.Response:
-    from cluster.api import BROKER, int_param, json_response
-    from cluster.broker import GROUP_OFFSET_PREFIX
+    from chronomq.cluster.api import BROKER, int_param, json_response
+    from chronomq.cluster.broker import GROUP_OFFSET_PREFIX
 
     broker = request.app[BROKER]
     cap = broker.config.max_topics_listed

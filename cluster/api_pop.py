@@ -3,7 +3,7 @@ leader-side calls the gRPC endpoint shares with it.
 
 Every route is a write (a hand-out or an ack is a Raft command): a follower forwards it to the
 leader, as produce does, and the gRPC endpoint of a follower forwards to these routes. On the
-leader each call is one command of :class:`cluster.pop.service.PopService`; a receive long-polls
+leader each call is one command of :class:`chronomq.cluster.pop.service.PopService`; a receive long-polls
 (``wait_ms``): it waits for one of the topic's queues to grow or for a revived message, and
 answers ``{"messages": []}`` when the time is up.
 
@@ -24,20 +24,20 @@ from typing import Any, Final, TypeVar
 
 from aiohttp import web
 
-from cluster import reserved
-from cluster.errors import ApiError, bad_request
-from cluster.pop.handle import InvalidHandle
-from cluster.pop.machine import MAX_FILTER_TAGS, topic_problem
-from cluster.pop.service import AckResult, ChangeResult, ForwardResult, PopError, Popped
-from cluster.pop.state import (
+from chronomq.cluster import reserved
+from chronomq.cluster.errors import ApiError, bad_request
+from chronomq.cluster.pop.handle import InvalidHandle
+from chronomq.cluster.pop.machine import MAX_FILTER_TAGS, topic_problem
+from chronomq.cluster.pop.service import AckResult, ChangeResult, ForwardResult, PopError, Popped
+from chronomq.cluster.pop.state import (
     MAX_INVISIBLE_MS,
     MAX_ITEMS_PER_COMMAND,
     MAX_POP_MESSAGES,
     MAX_RECONSUME_TIMES_CEILING,
     MIN_INVISIBLE_MS,
 )
-from cluster.pull import message_json
-from raftlog.errors import NotLeader
+from chronomq.cluster.pull import message_json
+from chronomq.raftlog.errors import NotLeader
 
 T = TypeVar("T")
 
@@ -46,7 +46,7 @@ RECHECK_S: Final = 5.0
 queues and by a revive on this node; this is only a safety net)."""
 MAX_ACK_HANDLES: Final = 1024
 """Handles one ack request may name (sent to Raft in commands of
-:data:`~cluster.pop.state.MAX_ITEMS_PER_COMMAND`)."""
+:data:`~chronomq.cluster.pop.state.MAX_ITEMS_PER_COMMAND`)."""
 
 _MESSAGE = {
     "type": "object",
@@ -552,7 +552,7 @@ def change_json(r: ChangeResult) -> dict[str, Any]:
 
 
 def _group(request: web.Request) -> str:
-    from cluster.pop.machine import group_problem
+    from chronomq.cluster.pop.machine import group_problem
 
     group = request.match_info["group"]
     problem = group_problem(group)
@@ -563,7 +563,7 @@ def _group(request: web.Request) -> str:
 
 def _on_leader(handler: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
     async def run(request: web.Request) -> web.StreamResponse:
-        from cluster.api import forward_to_leader
+        from chronomq.cluster.api import forward_to_leader
 
         # The leader may hold a receive for its whole long poll.
         timeout = _forward_timeout(request) if handler is pop_route else None
@@ -577,14 +577,14 @@ def _on_leader(handler: Callable[[web.Request], Any]) -> Callable[[web.Request],
 
 
 def _forward_timeout(request: web.Request) -> float:
-    from cluster.api import BROKER
+    from chronomq.cluster.api import BROKER
 
     cfg = request.app[BROKER].config
     return float(cfg.max_wait_ms + cfg.commit_timeout_ms) / 1000 + 5
 
 
 async def pop_route(request: web.Request) -> web.Response:
-    from cluster.api import BROKER, client_gone, json_response, read_json
+    from chronomq.cluster.api import BROKER, client_gone, json_response, read_json
 
     broker = request.app[BROKER]
     group = _group(request)
@@ -595,7 +595,7 @@ async def pop_route(request: web.Request) -> web.Response:
 
 
 async def ack_route(request: web.Request) -> web.Response:
-    from cluster.api import BROKER, json_response, read_json
+    from chronomq.cluster.api import BROKER, json_response, read_json
 
     group = _group(request)
     handles = ack_handles(await read_json(request))
@@ -610,7 +610,7 @@ async def ack_route(request: web.Request) -> web.Response:
 
 
 async def invisible_route(request: web.Request) -> web.Response:
-    from cluster.api import BROKER, json_response, read_json
+    from chronomq.cluster.api import BROKER, json_response, read_json
 
     group = _group(request)
     b = _object(await read_json(request), ("receipt_handle", "invisible_ms", "max_reconsume_times"))
@@ -622,7 +622,7 @@ async def invisible_route(request: web.Request) -> web.Response:
 
 
 async def dlq_route(request: web.Request) -> web.Response:
-    from cluster.api import BROKER, json_response, read_json
+    from chronomq.cluster.api import BROKER, json_response, read_json
 
     group = _group(request)
     b = _object(await read_json(request), ("receipt_handle",))

@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from cluster.errors import ApiError, bad_request
+from chronomq.cluster.errors import ApiError, bad_request
 
 _LEVELS = {"type": "array", "items": {"type": "object"}}
 _LOOPS = {
@@ -115,7 +115,7 @@ ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
 
 
 def _service(request: web.Request) -> Any:
-    from cluster.api import BROKER
+    from chronomq.cluster.api import BROKER
 
     service = request.app[BROKER].schedule
     if service is None:
@@ -124,13 +124,13 @@ def _service(request: web.Request) -> Any:
 
 
 async def get_schedule(request: web.Request) -> web.Response:
-    from cluster.api import json_response
+    from chronomq.cluster.api import json_response
 
     return json_response(_service(request).stats())
 
 
 async def patch_schedule(request: web.Request) -> web.Response:
-    from cluster.api import BROKER, forward_to_leader, json_response, read_json
+    from chronomq.cluster.api import BROKER, forward_to_leader, json_response, read_json
 
     forwarded = await forward_to_leader(request)
     if forwarded is not None:
@@ -164,7 +164,7 @@ def _body_int(body: dict[str, Any], name: str, default: int | None = None) -> in
 
 
 async def retry(request: web.Request) -> web.Response:
-    from cluster.api import BROKER, forward_to_leader, json_response, read_json
+    from chronomq.cluster.api import BROKER, forward_to_leader, json_response, read_json
 
     forwarded = await forward_to_leader(request)
     if forwarded is not None:
@@ -226,7 +226,7 @@ class _ScheduleCollector:
         self._app = app
 
     def collect(self) -> Iterator[Metric]:
-        from cluster.api import BROKER
+        from chronomq.cluster.api import BROKER
 
         service = self._app[BROKER].schedule
         if service is None:
@@ -286,6 +286,6 @@ class _ScheduleCollector:
 
 def install_metrics(app: web.Application) -> None:
     """The schedule's metrics on the app's registry, read on every scrape of ``/metrics``."""
-    from cluster.api import METRICS
+    from chronomq.cluster.api import METRICS
 
     app[METRICS].registry.register(_ScheduleCollector(app))

@@ -3,7 +3,7 @@
 Cancel and the runtime switches are writes: a follower forwards them to the leader, which
 answers from the apply of the command it proposed. ``/v1/admin/timer`` is this node's view
 (any node). ``/v1/admin/timer/log`` serves raw TimerLog records to a peer that installed a
-snapshot and must complete its own TimerLog (see :mod:`timer.files`).
+snapshot and must complete its own TimerLog (see :mod:`chronomq.timer.files`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from cluster.errors import ApiError, bad_request
-from timer.errors import TimerStateError
+from chronomq.cluster.errors import ApiError, bad_request
+from chronomq.timer.errors import TimerStateError
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
 
 
 def _service(request: web.Request) -> Any:
-    from cluster.api import BROKER
+    from chronomq.cluster.api import BROKER
 
     service = request.app[BROKER].timer
     if service is None:
@@ -116,7 +116,7 @@ def _service(request: web.Request) -> Any:
 
 
 async def cancel_timer(request: web.Request) -> web.Response:
-    from cluster.api import forward_to_leader, json_response
+    from chronomq.cluster.api import forward_to_leader, json_response
 
     forwarded = await forward_to_leader(request)
     if forwarded is not None:
@@ -125,13 +125,13 @@ async def cancel_timer(request: web.Request) -> web.Response:
 
 
 async def timer_admin(request: web.Request) -> web.Response:
-    from cluster.api import json_response
+    from chronomq.cluster.api import json_response
 
     return json_response(_service(request).stats())
 
 
 async def timer_histogram(request: web.Request) -> web.Response:
-    from cluster.api import int_param, json_response
+    from chronomq.cluster.api import int_param, json_response
 
     minutes = int_param(request, "minutes", 60, 1, 60)
     buckets = int_param(request, "buckets", 60, 1, 120)
@@ -159,7 +159,7 @@ def _switch_changes(body: Any) -> dict[str, bool]:
 
 
 async def timer_switches(request: web.Request) -> web.Response:
-    from cluster.api import forward_to_leader, json_response, read_json
+    from chronomq.cluster.api import forward_to_leader, json_response, read_json
 
     forwarded = await forward_to_leader(request)
     if forwarded is not None:
@@ -210,7 +210,7 @@ class _TimerCollector:
         self._app = app
 
     def collect(self) -> Iterator[Metric]:
-        from cluster.api import BROKER
+        from chronomq.cluster.api import BROKER
 
         service = self._app[BROKER].timer
         if service is None:
@@ -273,7 +273,7 @@ class _TimerCollector:
 def install_metrics(app: web.Application) -> None:
     """Add the service's Prometheus metrics to the app's registry. (``timer_stop_enqueue`` and
     ``timer_stop_dequeue`` in ``PATCH /v1/admin/config`` are these switches:
-    :mod:`cluster.runtimeconfig`.)"""
-    from cluster.api import METRICS
+    :mod:`chronomq.cluster.runtimeconfig`.)"""
+    from chronomq.cluster.api import METRICS
 
     app[METRICS].registry.register(_TimerCollector(app))

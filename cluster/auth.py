@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from cluster.errors import ApiError
+from chronomq.cluster.errors import ApiError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

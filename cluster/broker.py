@@ -1,7 +1,7 @@
 """One broker node: the replicated log plus what the HTTP API needs around it.
 
 The :class:`Broker` lives on the asyncio loop. It turns JSON messages into
-:class:`raftlog.node.NewMessage` (rewriting delayed ones into the schedule topic), waits for
+:class:`chronomq.raftlog.node.NewMessage` (rewriting delayed ones into the schedule topic), waits for
 commits without blocking the loop, wakes long-polling consumers when new entries apply, and
 aggregates the cluster view from every node.
 """
@@ -21,12 +21,12 @@ from typing import Any
 
 import aiohttp
 
-from cluster import idempotency, membership, reserved
-from cluster.config import NodeConfig, Peer
-from cluster.errors import ApiError, bad_request
-from cluster.nodemetrics import DeliveryLateness
-from cluster.peerhttp import PeerHttp
-from cluster.pull import (
+from chronomq.cluster import idempotency, membership, reserved
+from chronomq.cluster.config import NodeConfig, Peer
+from chronomq.cluster.errors import ApiError, bad_request
+from chronomq.cluster.nodemetrics import DeliveryLateness
+from chronomq.cluster.peerhttp import PeerHttp
+from chronomq.cluster.pull import (
     INLINE_READ_BYTES,
     READ_THREADS,
     PullPage,
@@ -34,15 +34,15 @@ from cluster.pull import (
     plan_units,
     read_page,
 )
-from raftlog import record, removal
-from raftlog.errors import ApplyRejected, ConditionFailed, Overloaded, UnknownTopic
-from raftlog.node import NewMessage, RaftLog
-from raftlog.removal import RemovalNotice
-from raftlog.store import TOO_MANY_TOPICS, ApplyResult, BatchOutcome
-from raftlog.transfer import transfer_leadership
-from schedule import properties as schedule_props
-from schedule import rewrite
-from schedule.levels import SCHEDULE_TOPIC, DelayLevelTable
+from chronomq.raftlog import record, removal
+from chronomq.raftlog.errors import ApplyRejected, ConditionFailed, Overloaded, UnknownTopic
+from chronomq.raftlog.node import NewMessage, RaftLog
+from chronomq.raftlog.removal import RemovalNotice
+from chronomq.raftlog.store import TOO_MANY_TOPICS, ApplyResult, BatchOutcome
+from chronomq.raftlog.transfer import transfer_leadership
+from chronomq.schedule import properties as schedule_props
+from chronomq.schedule import rewrite
+from chronomq.schedule.levels import SCHEDULE_TOPIC, DelayLevelTable
 
 log = logging.getLogger(__name__)
 
@@ -629,7 +629,7 @@ class Broker:
         reconsume count. The request is idempotent per (group, topic, queue, offset): sending
         the same message back twice re-enqueues it once.
         """
-        from schedule.retry import RetryConfig, RetryTarget, plan_retry
+        from chronomq.schedule.retry import RetryConfig, RetryTarget, plan_retry
 
         store = self.raftlog.store
         self.check_queue(topic, queue)
@@ -887,7 +887,7 @@ class Broker:
 
     async def hand_over_leadership(self, timeout_s: float) -> int | None:
         """Hand this node's leadership to the most caught-up other member
-        (:func:`raftlog.transfer.transfer_leadership`); the new leader's id, or None when it
+        (:func:`chronomq.raftlog.transfer.transfer_leadership`); the new leader's id, or None when it
         did not move in ``timeout_s``."""
         result = await transfer_leadership(self, None, timeout_s)
         if not result.moved:

@@ -71,15 +71,15 @@ def add_client_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_node(args: argparse.Namespace) -> int:
-    from cluster.launcher import parse_sets
-    from cluster.server import run
+    from chronomq.cluster.launcher import parse_sets
+    from chronomq.cluster.server import run
 
     return run(args.config, parse_sets(args.set))
 
 
 def cmd_cluster_up(args: argparse.Namespace) -> int:
-    from cluster.config import ConfigError
-    from cluster.launcher import LocalCluster, parse_sets
+    from chronomq.cluster.config import ConfigError
+    from chronomq.cluster.launcher import LocalCluster, parse_sets
 
     try:
         cluster = LocalCluster(
@@ -156,7 +156,7 @@ def client_token() -> str | None:
 def _client_call(args: argparse.Namespace, fn: Any) -> Any:
     import asyncio
 
-    from cluster.client import Client
+    from chronomq.cluster.client import Client
 
     async def go() -> Any:
         async with Client(args.url.split(","), token=client_token(), ca_file=args.ca_file) as c:
@@ -236,7 +236,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
         args, lambda c: c.pull(args.topic, args.queue, args.offset, args.max, args.wait_ms)
     )
     if args.latency_log:
-        from cluster.client import ConsumedLog
+        from chronomq.cluster.client import ConsumedLog
 
         consumed = ConsumedLog(args.latency_log)
         consumed.consumed(args.topic, data["messages"])
@@ -253,7 +253,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
     if args.admin_cmd == "config":
         data = _client_call(args, lambda c: c.admin_config())
     elif args.admin_cmd == "set":
-        from cluster.launcher import parse_sets
+        from chronomq.cluster.launcher import parse_sets
 
         data = _client_call(args, lambda c: c.patch_config(parse_sets(args.pairs)))
     elif args.admin_cmd == "transfer":
@@ -524,7 +524,7 @@ def build_parser(extend: Callable[[Any], None] | None = None) -> argparse.Argume
         help_text="the configuration reference (every key, default and environment variable)",
         description="Print the configuration reference as a Markdown table, or keep the one "
         "in a file (between its markers) current.",
-        doc_module="cluster.configdoc",
+        doc_module="chronomq.cluster.configdoc",
     )
     add_reference_command(
         sub,
@@ -533,10 +533,10 @@ def build_parser(extend: Callable[[Any], None] | None = None) -> argparse.Argume
         description="Print the HTTP API reference as a Markdown table, generated from the "
         "routes /openapi.json describes, or keep the one in a file (between its markers) "
         "current.",
-        doc_module="cluster.apidoc",
+        doc_module="chronomq.cluster.apidoc",
     )
 
-    from cluster.cli_timer import register as register_timer
+    from chronomq.cluster.cli_timer import register as register_timer
 
     register_timer(sub)
     if extend is not None:
@@ -555,7 +555,7 @@ def main(
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a readable line, not a stack trace, for operators
-        from cluster.client import ClientError
+        from chronomq.cluster.client import ClientError
 
         if isinstance(exc, ClientError | ConnectionError | OSError | TimeoutError):
             print(f"chronomq: {exc}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """``chronomq timer ...``: cancel a timer message, show the timer, stop or start it.
 
-Registered by :func:`cluster.cli.build_parser`; every command talks to the cluster through
-:class:`cluster.client.Client` (writes find the leader).
+Registered by :func:`chronomq.cluster.cli.build_parser`; every command talks to the cluster through
+:class:`chronomq.cluster.client.Client` (writes find the leader).
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import argparse
 import json
 from typing import Any
 
-from cluster.output import print_rows
+from chronomq.cluster.output import print_rows
 
 
 def _call(args: argparse.Namespace, fn: Any) -> Any:
-    from cluster.cli import _client_call
+    from chronomq.cluster.cli import _client_call
 
     return _client_call(args, fn)
 
@@ -24,7 +24,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(answers, indent=2))
     else:
-        from cluster.cli import print_table
+        from chronomq.cluster.cli import print_table
 
         print_table(answers, ["msg_id", "status", "deliver_ms", "reason"])
     # 0 when every message is cancelled: scripts can tell a cancel that came too late.
@@ -69,7 +69,7 @@ def cmd_switch(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    from cluster.cli import add_client_arguments, example_epilog, paragraph
+    from chronomq.cluster.cli import add_client_arguments, example_epilog, paragraph
 
     tp = sub.add_parser(
         "timer",

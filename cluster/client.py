@@ -29,7 +29,7 @@ from chronomq._wire import path as _path
 from chronomq._wire import query as _query
 
 if TYPE_CHECKING:
-    from cluster.logwriter import LogWriter, WriterStats
+    from chronomq.cluster.logwriter import LogWriter, WriterStats
 
 RETRYABLE = {429, 502, 503, 504}
 
@@ -95,7 +95,7 @@ class Client:
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
         connector = None
         if self._ca_file:
-            from cluster.tls import client_context
+            from chronomq.cluster.tls import client_context
 
             connector = aiohttp.TCPConnector(ssl=client_context(self._ca_file))
         self._session = aiohttp.ClientSession(
@@ -390,7 +390,7 @@ def consumed_line(message: Mapping[str, Any], topic: str, consumed_ms: int, node
     (joining by ``msg_id``, keeping the most specific kind and the earliest times); ``store_ms``
     is only given for a message that never waited, as a delivered one was stored again.
     """
-    from cluster.logschema import MessageKind, Stage, latency_line
+    from chronomq.cluster.logschema import MessageKind, Stage, latency_line
 
     props = message.get("properties") or {}
     due = props.get(TIMER_OUT_MS)
@@ -415,7 +415,7 @@ def consumed_line(message: Mapping[str, Any], topic: str, consumed_ms: int, node
 class ConsumedLog:
     """``consumed`` latency lines of what this client consumed, for ``chronomq report``.
 
-    Written by a background :class:`cluster.logwriter.LogWriter` to ``<directory>/<name>/``
+    Written by a background :class:`chronomq.cluster.logwriter.LogWriter` to ``<directory>/<name>/``
     (``name`` defaults to ``client-<pid>-<n>``, unique in the process); give the report this
     directory next to the nodes' ones. :meth:`consumed` never blocks; :meth:`close` drains.
     """
@@ -427,7 +427,7 @@ class ConsumedLog:
         *,
         sample_rate: float = 1.0,
     ) -> None:
-        from cluster.logwriter import LogWriter, LogWriterConfig
+        from chronomq.cluster.logwriter import LogWriter, LogWriterConfig
 
         self.name = name or f"client-{os.getpid()}-{next(_log_names)}"
         self.directory = Path(directory).absolute()
@@ -443,7 +443,7 @@ class ConsumedLog:
             return
         at_ms = time.time_ns() // 1_000_000 if consumed_ms is None else consumed_ms
         name = self.name
-        from cluster.logschema import RecordType
+        from chronomq.cluster.logschema import RecordType
 
         self.writer.write_rows(
             RecordType.LATENCY,

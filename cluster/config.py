@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raftlog.config import RaftConfig, RaftPeer, default_max_pending_bytes
+from chronomq.raftlog.config import RaftConfig, RaftPeer, default_max_pending_bytes
 
 ENV_PREFIX = "CHRONOMQ_"
 MIN_SECRET_CHARS = 16
@@ -51,8 +51,8 @@ class Key:
 
 
 def _delay_levels(value: Any) -> str | None:
-    from schedule.errors import ConfigError as ScheduleConfigError
-    from schedule.levels import DelayLevelTable
+    from chronomq.schedule.errors import ConfigError as ScheduleConfigError
+    from chronomq.schedule.levels import DelayLevelTable
 
     try:
         DelayLevelTable.parse(value)

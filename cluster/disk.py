@@ -1,7 +1,7 @@
 """The disk of a node: CommitLog retention and the produce guard (RocketMQ's model).
 
 - **Retention** (``file_reserved_time_h``, ``disk_max_used_space_ratio``): a thread deletes
-  whole CommitLog segments from the head, decided by :func:`raftlog.retention.plan_retention`
+  whole CommitLog segments from the head, decided by :func:`chronomq.raftlog.retention.plan_retention`
   against the lowest CommitLog offset still needed (:meth:`DiskService.needed_offset`).
   Deletion is local: segments are this node's files, the replicated state (CommitLog length,
   hash chain, tables) does not change, so digests stay equal on every replica whatever each
@@ -13,16 +13,16 @@
 What "still needed" means, lowest of:
 
 - the delay levels: the ConsumeQueue unit at each level's replicated offset
-  (:mod:`schedule.hold`);
+  (:mod:`chronomq.schedule.hold`);
 - the timer: the timer topic's unit at the replicated enqueue offset and the TimerLog records
-  the replicated read cursor has not passed (:mod:`timer.hold`);
+  the replicated read cursor has not passed (:mod:`chronomq.timer.hold`);
 - pop consumption: the messages a group holds (in flight or revived) and the revive topic's
-  CKs not read yet (:mod:`cluster.pop.hold`);
+  CKs not read yet (:mod:`chronomq.cluster.pop.hold`);
 - a restart: pysyncobj replays the journal from this node's last snapshot, and that replay
   reads what the state *then* needed. Each pass records ``(applied index, needed offset)``;
   a pass deletes only up to the offset recorded at or before the last snapshot's index
   (needed offsets only grow with the index), and never the hash chain's last block or the
-  tail the snapshot checks (:data:`raftlog.chain.BLOCK_BYTES`) before the snapshot's length.
+  tail the snapshot checks (:data:`chronomq.raftlog.chain.BLOCK_BYTES`) before the snapshot's length.
 """
 
 from __future__ import annotations
@@ -37,15 +37,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cluster.config import NodeConfig
-from cluster.errors import ApiError
-from cluster.pop.hold import lowest_needed_offset as pop_needed
-from raftlog.chain import BLOCK_BYTES
-from raftlog.node import RaftLog
-from raftlog.retention import RetentionDecision, RetentionPolicy, SegmentInfo, plan_retention
-from raftlog.store import COMPARE_WINDOW_BYTES, TAIL_DIGEST_BYTES, Store
-from schedule.hold import lowest_needed_offset as schedule_needed
-from timer.hold import TimerHold
+from chronomq.cluster.config import NodeConfig
+from chronomq.cluster.errors import ApiError
+from chronomq.cluster.pop.hold import lowest_needed_offset as pop_needed
+from chronomq.raftlog.chain import BLOCK_BYTES
+from chronomq.raftlog.node import RaftLog
+from chronomq.raftlog.retention import (
+    RetentionDecision,
+    RetentionPolicy,
+    SegmentInfo,
+    plan_retention,
+)
+from chronomq.raftlog.store import COMPARE_WINDOW_BYTES, TAIL_DIGEST_BYTES, Store
+from chronomq.schedule.hold import lowest_needed_offset as schedule_needed
+from chronomq.timer.hold import TimerHold
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +206,7 @@ class DiskService:
         if machine is not None and machine.name in self.store.extensions:
             lows.append(self._timer_hold.lowest_needed_offset(machine, self.store))
         else:  # no timer here: everything ever put into the timer topic may still wait
-            from timer.message import TIMER_QUEUE, TIMER_TOPIC
+            from chronomq.timer.message import TIMER_QUEUE, TIMER_TOPIC
 
             units = self.store.read_units(TIMER_TOPIC, TIMER_QUEUE, 0, 1)
             lows.append(units[0].commitlog_offset if units else None)

@@ -1,7 +1,7 @@
 """Generated parts of the README: splice a reference between two markers, or check it.
 
-``chronomq config reference`` (:mod:`cluster.configdoc`) and ``chronomq api reference``
-(:mod:`cluster.apidoc`) print their table; ``--write FILE`` replaces the part of ``FILE``
+``chronomq config reference`` (:mod:`chronomq.cluster.configdoc`) and ``chronomq api reference``
+(:mod:`chronomq.cluster.apidoc`) print their table; ``--write FILE`` replaces the part of ``FILE``
 between their markers, and ``--check FILE`` exits 1 when that part is stale.
 """
 

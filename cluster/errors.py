@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from raftlog import errors as rl
+from chronomq.raftlog import errors as rl
 
 
 class ApiError(Exception):
@@ -89,7 +89,7 @@ def from_exception(exc: BaseException, leader_url: str | None = None) -> ApiErro
 
 
 def _caller_error_types() -> tuple[type[BaseException], ...]:
-    from schedule.errors import CallerError
-    from timer.errors import TimerCallerError
+    from chronomq.schedule.errors import CallerError
+    from chronomq.timer.errors import TimerCallerError
 
     return (CallerError, TimerCallerError)

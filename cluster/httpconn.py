@@ -38,7 +38,7 @@ from typing import Any
 
 from aiohttp import web
 
-from cluster.errors import ApiError
+from chronomq.cluster.errors import ApiError
 
 log = logging.getLogger(__name__)
 

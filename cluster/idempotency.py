@@ -1,6 +1,6 @@
 """Client idempotency keys at the edge: the request's fingerprint and the early 422.
 
-A produce request's ``Idempotency-Key`` is remembered by apply (:mod:`raftlog.store`) with a
+A produce request's ``Idempotency-Key`` is remembered by apply (:mod:`chronomq.raftlog.store`) with a
 fingerprint of the request, decided here on the leader before proposing: a hash of the topic
 and of each message as the client gave it once parsed (body bytes, whether sent as ``body`` or
 ``body_base64``; properties; keys; tags; queue; the delay field and its value). Absent and
@@ -21,8 +21,8 @@ from typing import Any
 
 import orjson
 
-from cluster.errors import ApiError
-from raftlog.store import Store
+from chronomq.cluster.errors import ApiError
+from chronomq.raftlog.store import Store
 
 FIELD = "Idempotency-Key"
 _DELAY_FIELDS = ("delay_level", "delay_ms", "deliver_at_ms")

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cluster.config import (
+from chronomq.cluster.config import (
     ENV_PREFIX,
     KEY_BY_NAME,
     ConfigError,
@@ -39,7 +39,7 @@ HOST = "127.0.0.1"
 
 SECRET_FILE = "cluster.secret"
 #: How long :meth:`LocalCluster.stop` waits after SIGTERM before SIGKILL: above a node's own
-#: stop deadline (:data:`cluster.stopping.STOP_DEADLINE_S`), so a node normally exits itself.
+#: stop deadline (:data:`chronomq.cluster.stopping.STOP_DEADLINE_S`), so a node normally exits itself.
 STOP_TIMEOUT_S = 12.0
 TOKEN_FILE = "auth.token"
 
@@ -162,7 +162,7 @@ class LocalCluster:
 
     @functools.cached_property
     def _ssl_context(self) -> ssl.SSLContext | None:
-        from cluster.tls import client_context
+        from chronomq.cluster.tls import client_context
 
         return client_context(self.ca_file) if self.ca_file else None
 
@@ -249,7 +249,15 @@ class LocalCluster:
         env = {**os.environ, **self.env, **self.node_env.get(i, {}), "PYTHONUNBUFFERED": "1"}
         wrapper = self.prefix(i) if self.prefix is not None else []
         self.procs[i] = subprocess.Popen(
-            [*wrapper, sys.executable, "-m", "cluster", "node", "--config", str(d / "node.toml")],
+            [
+                *wrapper,
+                sys.executable,
+                "-m",
+                "chronomq.cluster",
+                "node",
+                "--config",
+                str(d / "node.toml"),
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

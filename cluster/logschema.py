@@ -39,7 +39,7 @@ Record types (all times in milliseconds since the Unix epoch, wall clock of the 
     ts_ms, node, type, detail (a JSON object, possibly empty)
 
 The Python codec (:func:`encode` / :func:`decode`) is here, below the node that writes the
-lines; the Spark side (:func:`ops.schema.spark_schema`, :func:`ops.schema.spark_valid`) applies
+lines; the Spark side (:func:`chronomq.ops.schema.spark_schema`, :func:`chronomq.ops.schema.spark_valid`) applies
 the same rules from the same field lists.
 """
 

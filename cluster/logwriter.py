@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from cluster.logschema import (
+from chronomq.cluster.logschema import (
     EventRecord,
     EventType,
     LatencyRecord,
@@ -304,7 +304,7 @@ class LogWriter:
         sample_key: Callable[[Any], str | int] | None = None,
     ) -> bool:
         """Queue ``rows``, each to become one ``record_type`` line ``render(row)`` (a bytes line
-        with its newline, e.g. from :func:`cluster.logschema.encode`), rendered on the writer thread.
+        with its newline, e.g. from :func:`chronomq.cluster.logschema.encode`), rendered on the writer thread.
 
         ``rows`` must not change after the call. With a sample rate below 1, a row is kept iff
         ``keep_sample(sample_key(row), rate)`` (no ``sample_key``: every row is kept); rows

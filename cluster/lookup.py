@@ -6,13 +6,13 @@ There is no index by id or key (RocketMQ keeps an IndexFile for that); the searc
 id carries and what the queues are ordered by:
 
 - A plain or delay-level message's id starts with its store time (48 bits of ms,
-  :meth:`raftlog.record.MessageIdSource.next_id`), and a queue is in store order: a binary
+  :meth:`chronomq.raftlog.record.MessageIdSource.next_id`), and a queue is in store order: a binary
   search on store time finds where to look in each queue, and a short scan of
   ``[t - SKEW_MS, t + SKEW_MS]`` (store times come from successive leaders' clocks) finds it.
   Found in ``SCHEDULE_TOPIC_XXXX``, it is a level message: due at its unit's tagsCode, waiting
   while the level's replicated offset has not passed it, then delivered to its ``REAL_TOPIC``
   with the same id, searched from its due time on.
-- A timer message's id carries its deliver time (:func:`timer.message.new_timer_id`): its wheel
+- A timer message's id carries its deliver time (:func:`chronomq.timer.message.new_timer_id`): its wheel
   slot says whether it waits, was cancelled or was read (:meth:`TimerService.locate`), and
   points at its stored record.
 - By key: the topic's queues and the delayed messages bound for it (schedule and timer topics
@@ -28,12 +28,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from raftlog import record
-from raftlog.errors import RaftLogError
-from raftlog.store import Store
-from schedule.levels import SCHEDULE_TOPIC
-from schedule.properties import REAL_QID, REAL_TOPIC
-from timer.message import TIMER_TOPIC
+from chronomq.raftlog import record
+from chronomq.raftlog.errors import RaftLogError
+from chronomq.raftlog.store import Store
+from chronomq.schedule.levels import SCHEDULE_TOPIC
+from chronomq.schedule.properties import REAL_QID, REAL_TOPIC
+from chronomq.timer.message import TIMER_TOPIC
 
 SKEW_MS = 10_000
 """How far apart two leaders' clocks may put store times of consecutive records."""

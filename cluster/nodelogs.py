@@ -1,7 +1,7 @@
 """The node's structured logs for ``chronomq report``: replication, latency and events.
 
-One :class:`NodeLogs` per node owns one :class:`cluster.logwriter.LogWriter`, which writes JSON lines
-(schemas in :mod:`cluster.logschema`) to ``<ops_log_dir>/n<node_id>/`` (``ops_log_dir`` defaults to
+One :class:`NodeLogs` per node owns one :class:`chronomq.cluster.logwriter.LogWriter`, which writes JSON lines
+(schemas in :mod:`chronomq.cluster.logschema`) to ``<ops_log_dir>/n<node_id>/`` (``ops_log_dir`` defaults to
 ``<data_dir>/ops``), so every node of a cluster may share one ``ops_log_dir`` and the report
 reads it as one tree. What is written, by whom:
 
@@ -16,7 +16,7 @@ reads it as one tree. What is written, by whom:
 - ``latency``: ``stored`` for each produced message, on the leader after the commit
   (:meth:`stored`, from ``Broker.produce``); ``delivered`` from the schedule and timer services
   (:meth:`delivered_level`, :meth:`delivered_timer`); ``consumed`` comes from the client
-  library (:class:`cluster.client.Consumer`), and for RocketMQ 5 clients from the node that
+  library (:class:`chronomq.cluster.client.Consumer`), and for RocketMQ 5 clients from the node that
   served their ``ReceiveMessage`` (:meth:`consumed`, first deliveries only).
 - ``events``: this node starting and stopping, leader changes as this node sees them, the
   services' start and stop (:meth:`event`), config changes at runtime, and the writer's own
@@ -26,7 +26,7 @@ Nothing here blocks or does I/O on the caller's thread: the callers hand over wh
 hold (the produce answer's placements, the services' delivery tuples) as rows, and the writer
 thread turns them into lines. When the buffer is full, rows are dropped and counted, never
 waited for. ``ops_log_enabled`` and ``ops_log_sample_rate`` can be changed at runtime; sampling
-keeps the same messages and commands on every node (see :func:`cluster.logwriter.keep_sample`).
+keeps the same messages and commands on every node (see :func:`chronomq.cluster.logwriter.keep_sample`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cluster.logschema import (
+from chronomq.cluster.logschema import (
     EventRecord,
     EventType,
     InvalidRecord,
@@ -50,14 +50,14 @@ from cluster.logschema import (
     encode,
     latency_line,
 )
-from cluster.logwriter import LogWriter, LogWriterConfig, WriterStats
-from raftlog.clock import Clock, SystemClock
-from raftlog.record import msg_id_hex
+from chronomq.cluster.logwriter import LogWriter, LogWriterConfig, WriterStats
+from chronomq.raftlog.clock import Clock, SystemClock
+from chronomq.raftlog.record import msg_id_hex
 
 if TYPE_CHECKING:
-    from cluster.config import NodeConfig
-    from raftlog.node import RaftLog
-    from raftlog.store import ApplyResult, Placed
+    from chronomq.cluster.config import NodeConfig
+    from chronomq.raftlog.node import RaftLog
+    from chronomq.raftlog.store import ApplyResult, Placed
 
 log = logging.getLogger(__name__)
 
@@ -272,11 +272,11 @@ class NodeLogs:
 
     def consumed(self, topic: str, messages: Sequence[Mapping[str, Any]], consumed_ms: int) -> None:
         """Messages this node handed to a consumer that cannot log them itself (the RocketMQ
-        5 clients over gRPC): ``consumed`` lines as :class:`cluster.client.ConsumedLog` writes
+        5 clients over gRPC): ``consumed`` lines as :class:`chronomq.cluster.client.ConsumedLog` writes
         them, each a message as a pull answers it (event loop; O(1) here)."""
         if not self.writer.config.enabled or not messages:
             return
-        from cluster.client import consumed_line
+        from chronomq.cluster.client import consumed_line
 
         node = self.node
 

@@ -5,7 +5,7 @@ Running totals are counters (``_total``), durations are in seconds, and every la
 bounded: peers by the cluster's size, delivery kinds by two, consumer-group queues by
 :data:`GROUP_LAG_SERIES`. The collectors read when ``/metrics`` is scraped; the lateness
 histogram is observed by the schedule and timer services as they deliver
-(:func:`cluster.services.start_services` wires it).
+(:func:`chronomq.cluster.services.start_services` wires it).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from prometheus_client import Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from cluster.broker import Broker
+    from chronomq.cluster.broker import Broker
 
 GROUP_LAG_SERIES: Final = 100
 """Most (group, topic, queue) series of ``chronomq_group_lag_messages``: the largest lags."""
@@ -153,7 +153,7 @@ class GroupLagCollector:
             yield group, topic, queue, st.cursor - st.held
 
     def collect(self) -> Iterator[Metric]:
-        from cluster.broker import GROUP_OFFSET_PREFIX
+        from chronomq.cluster.broker import GROUP_OFFSET_PREFIX
 
         store = self._broker.raftlog.store
         lags = group_lags(

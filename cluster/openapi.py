@@ -8,9 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster import api_console, api_lookup, api_pop, api_schedule, api_timer, runtimeconfig
-from cluster.auth import METRICS_ROUTE, open_routes
-from cluster.broker import VERSION
+from chronomq.cluster import (
+    api_console,
+    api_lookup,
+    api_pop,
+    api_schedule,
+    api_timer,
+    runtimeconfig,
+)
+from chronomq.cluster.auth import METRICS_ROUTE, open_routes
+from chronomq.cluster.broker import VERSION
 
 _ERROR = {
     "type": "object",

@@ -20,8 +20,8 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from cluster import tls
-from cluster.config import NodeConfig
+from chronomq.cluster import tls
+from chronomq.cluster.config import NodeConfig
 
 Origin = tuple[str, str, int]
 

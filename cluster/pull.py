@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from raftlog import record
-from raftlog.consumequeue import CqUnit
+from chronomq.raftlog import record
+from chronomq.raftlog.consumequeue import CqUnit
 
 #: A page whose records are larger than this is read on the pull executor, not on the loop.
 INLINE_READ_BYTES = 64 * 1024

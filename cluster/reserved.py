@@ -12,15 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from cluster.errors import bad_request
-from cluster.pop.state import REVIVE_TOPIC
-from raftlog import record
-from raftlog.applycheck import RecordRule
-from schedule import properties as schedule_props
-from schedule import rewrite as schedule_rewrite
-from schedule.levels import SCHEDULE_TOPIC
-from timer import logtopic as timer_logtopic
-from timer import message as timer_message
+from chronomq.cluster.errors import bad_request
+from chronomq.cluster.pop.state import REVIVE_TOPIC
+from chronomq.raftlog import record
+from chronomq.raftlog.applycheck import RecordRule
+from chronomq.schedule import properties as schedule_props
+from chronomq.schedule import rewrite as schedule_rewrite
+from chronomq.schedule.levels import SCHEDULE_TOPIC
+from chronomq.timer import logtopic as timer_logtopic
+from chronomq.timer import message as timer_message
 
 SYSTEM_TOPIC_PREFIX: Final = "rmq_sys_"
 """RocketMQ's prefix for system topics; the timer's topic is one of them."""

@@ -40,14 +40,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from cluster.config import KEY_BY_NAME, KEYS, ConfigError, NodeConfig, parse_value
-from cluster.errors import ApiError, bad_request
-from schedule.service import ASYNC, MODE_KEY, SYNC
-from timer.state import STOP_DEQUEUE, STOP_ENQUEUE
+from chronomq.cluster.config import KEY_BY_NAME, KEYS, ConfigError, NodeConfig, parse_value
+from chronomq.cluster.errors import ApiError, bad_request
+from chronomq.schedule.service import ASYNC, MODE_KEY, SYNC
+from chronomq.timer.state import STOP_DEQUEUE, STOP_ENQUEUE
 
 if TYPE_CHECKING:
-    from cluster.broker import Broker
-    from raftlog.store import ApplyResult
+    from chronomq.cluster.broker import Broker
+    from chronomq.raftlog.store import ApplyResult
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ def level_number(level: str) -> int:
 class RuntimeConfig:
     """Keeps ``broker.config`` the effective config, on this node's loop.
 
-    ``set_log_level`` changes the process's log level (:func:`cluster.logs.set_level`);
+    ``set_log_level`` changes the process's log level (:func:`chronomq.cluster.logs.set_level`);
     ``hooks`` get ``{key: new value}`` of every change (the ops log writer's).
     """
 

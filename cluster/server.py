@@ -1,9 +1,9 @@
 """``chronomq node --config FILE``: run one broker node until SIGTERM or SIGINT.
 
 Shutdown is graceful: stop accepting requests, let in-flight commits finish, flush and close
-the store, drain the ops logs (:mod:`cluster.nodelogs`), exit 0. It is also bounded: whatever
+the store, drain the ops logs (:mod:`chronomq.cluster.nodelogs`), exit 0. It is also bounded: whatever
 state the node is in (starting, restoring, stuck), it is gone within
-:data:`cluster.stopping.STOP_DEADLINE_S` of the signal (:mod:`cluster.stopping`).
+:data:`chronomq.cluster.stopping.STOP_DEADLINE_S` of the signal (:mod:`chronomq.cluster.stopping`).
 """
 
 from __future__ import annotations
@@ -19,19 +19,19 @@ import sys
 import orjson
 from aiohttp import web
 
-from cluster import fdbudget, logs, malloc, reserved, tls
-from cluster.api import CONFIG_HOOKS, CONNECTIONS, METRICS, create_app
-from cluster.broker import Broker
-from cluster.config import ConfigError, NodeConfig, load
-from cluster.fdbudget import FdBudget
-from cluster.httpconn import GuardedSite
-from cluster.nodelogs import NodeLogs
-from cluster.nodelogs import install_metrics as install_log_metrics
-from cluster.rocketmq.endpoint import GrpcEndpoint
-from cluster.services import close_services, start_services
-from cluster.stopping import StopSignals
-from raftlog.clock import SkewedClock
-from raftlog.node import RaftLog
+from chronomq.cluster import fdbudget, logs, malloc, reserved, tls
+from chronomq.cluster.api import CONFIG_HOOKS, CONNECTIONS, METRICS, create_app
+from chronomq.cluster.broker import Broker
+from chronomq.cluster.config import ConfigError, NodeConfig, load
+from chronomq.cluster.fdbudget import FdBudget
+from chronomq.cluster.httpconn import GuardedSite
+from chronomq.cluster.nodelogs import NodeLogs
+from chronomq.cluster.nodelogs import install_metrics as install_log_metrics
+from chronomq.cluster.rocketmq.endpoint import GrpcEndpoint
+from chronomq.cluster.services import close_services, start_services
+from chronomq.cluster.stopping import StopSignals
+from chronomq.raftlog.clock import SkewedClock
+from chronomq.raftlog.node import RaftLog
 
 log = logging.getLogger("chronomq.node")
 
@@ -114,7 +114,7 @@ async def serve(
 
 
 def fd_budget(config: NodeConfig) -> FdBudget:
-    """Raise the open-file limit and share it out (:mod:`cluster.fdbudget`)."""
+    """Raise the open-file limit and share it out (:mod:`chronomq.cluster.fdbudget`)."""
     soft, hard = fdbudget.raise_soft_limit()
     budget = fdbudget.plan(soft, config.max_http_connections)
     if budget.cramped:

@@ -2,7 +2,7 @@
 
 Each service follows the same life: built from the node's config, started after the Raft
 machine, closed before the Raft machine. Their leader-only work (the schedule level loops, the
-timer driver) registers with one :class:`raftlog.leadership.Leadership` per node, fed by the
+timer driver) registers with one :class:`chronomq.raftlog.leadership.Leadership` per node, fed by the
 log's confirmed leadership: it runs each term's work only once the last term's has exited. Their HTTP routes live in ``cluster/api_<service>.py``.
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from cluster.broker import Broker
-from cluster.config import NodeConfig
-from cluster.nodemetrics import KIND_LEVEL, KIND_TIMER
-from raftlog.leadership import Leadership
-from raftlog.node import RaftLog
+from chronomq.cluster.broker import Broker
+from chronomq.cluster.config import NodeConfig
+from chronomq.cluster.nodemetrics import KIND_LEVEL, KIND_TIMER
+from chronomq.raftlog.leadership import Leadership
+from chronomq.raftlog.node import RaftLog
 
 
 class Service(Protocol):
@@ -48,8 +48,8 @@ def close_services(services: list[Service]) -> None:
 
 
 def _schedule(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | None:
-    from schedule.pending import PendingConfig
-    from schedule.service import ScheduleService, ScheduleSettings
+    from chronomq.schedule.pending import PendingConfig
+    from chronomq.schedule.service import ScheduleService, ScheduleSettings
 
     settings = ScheduleSettings(
         levels=broker.levels,
@@ -83,10 +83,10 @@ def _timer(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | No
     the key."""
     from pathlib import Path
 
-    from cluster.config import ConfigError
-    from cluster.pop.state import REVIVE_TOPIC
-    from timer.errors import InvalidTimerConfig
-    from timer.service import TimerService, timer_config_from
+    from chronomq.cluster.config import ConfigError
+    from chronomq.cluster.pop.state import REVIVE_TOPIC
+    from chronomq.timer.errors import InvalidTimerConfig
+    from chronomq.timer.service import TimerService, timer_config_from
 
     try:
         timer_config = timer_config_from(config.values())
@@ -126,7 +126,7 @@ def _timer(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | No
 def _pop(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | None:
     """RocketMQ 5 pop consumption (``cluster/pop``): its apply extension on every node, its
     revive driver on the leader. Receipt handles are signed with the cluster secret."""
-    from cluster.pop.service import PopService
+    from chronomq.cluster.pop.service import PopService
 
     service = PopService(
         raftlog,
@@ -141,7 +141,7 @@ def _pop(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | None
 
 def _disk(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | None:
     """CommitLog retention and the produce guard (``cluster/disk.py``), on every node."""
-    from cluster.disk import DiskService
+    from chronomq.cluster.disk import DiskService
 
     service = DiskService(config, raftlog, broker)
     broker.disk = service

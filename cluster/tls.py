@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ssl
 
-from cluster.config import ConfigError, NodeConfig
+from chronomq.cluster.config import ConfigError, NodeConfig
 
 
 def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:

@@ -40,11 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cluster.launcher import LocalCluster, parse_sets
-from cluster.output import print_rows, write_json
-from ops.bench_timer import cpu_seconds
-from ops.benchdir import add_data_dir_argument, bench_dir
-from ops.stats import percentile
+from chronomq.cluster.launcher import LocalCluster, parse_sets
+from chronomq.cluster.output import print_rows, write_json
+from chronomq.ops.bench_timer import cpu_seconds
+from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
+from chronomq.ops.stats import percentile
 
 TOPIC = "bench_grpc"
 GROUP = "bench_grpc_group"
@@ -313,7 +313,7 @@ def _report_drain(drain: Drain, t0: float) -> None:
 async def _http_sends(
     cluster: LocalCluster, total: int, concurrency: int, body: str
 ) -> tuple[float, list[float]]:
-    from cluster.client import Client
+    from chronomq.cluster.client import Client
 
     lat: list[float] = []
     left = total

@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster import fdbudget
-from cluster.launcher import LocalCluster, parse_sets
-from cluster.output import print_rows, write_json
-from ops.benchdir import add_data_dir_argument, bench_dir
-from ops.stats import percentile
+from chronomq.cluster import fdbudget
+from chronomq.cluster.launcher import LocalCluster, parse_sets
+from chronomq.cluster.output import print_rows, write_json
+from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
+from chronomq.ops.stats import percentile
 
 FOLLOWER_SETTINGS = {"raft_min_timeout_ms": 1500, "raft_max_timeout_ms": 3000}
 
@@ -42,7 +42,7 @@ def topic_names(base: str, count: int) -> list[str]:
 async def _produce_inprocess(
     rl: Any, total: int, producers: int, batch: int, body: bytes, topics: list[str]
 ) -> tuple[float, list[float]]:
-    from raftlog.node import NewMessage
+    from chronomq.raftlog.node import NewMessage
 
     lat: list[float] = []
     sent = 0
@@ -73,7 +73,7 @@ def _latency_recorder(lat: list[float], t0: float) -> Any:
 async def _steady_inprocess(
     rl: Any, rate: int, duration_s: float, body: bytes, topic: str
 ) -> tuple[int, list[float]]:
-    from raftlog.node import NewMessage
+    from chronomq.raftlog.node import NewMessage
 
     tick_s = 0.005
     per_tick = max(1, round(rate * tick_s))
@@ -102,7 +102,7 @@ async def _steady_inprocess(
 async def _produce_http(
     cluster: LocalCluster, total: int, producers: int, batch: int, body: str, topics: list[str]
 ) -> tuple[float, list[float]]:
-    from cluster.client import Client
+    from chronomq.cluster.client import Client
 
     lat: list[float] = []
     sent = 0
@@ -160,8 +160,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 _produce_http(cluster, args.messages, args.producers, args.batch, body, topics)
             )
         else:
-            from cluster.config import load
-            from raftlog.node import RaftLog
+            from chronomq.cluster.config import load
+            from chronomq.raftlog.node import RaftLog
 
             for i in range(1, args.nodes):
                 cluster.start(i)

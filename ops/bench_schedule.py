@@ -22,11 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster.client import Client
-from cluster.launcher import LocalCluster, parse_sets
-from cluster.output import print_rows, write_json
-from ops.benchdir import add_data_dir_argument, bench_dir
-from ops.stats import percentile
+from chronomq.cluster.client import Client
+from chronomq.cluster.launcher import LocalCluster, parse_sets
+from chronomq.cluster.output import print_rows, write_json
+from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
+from chronomq.ops.stats import percentile
 
 TOPIC = "bench-delayed"
 QUEUES = 4

@@ -36,10 +36,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from cluster.launcher import LocalCluster, parse_sets
-from cluster.output import print_rows, write_json
-from ops.benchdir import add_data_dir_argument, bench_dir
-from ops.stats import percentile
+from chronomq.cluster.launcher import LocalCluster, parse_sets
+from chronomq.cluster.output import print_rows, write_json
+from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
+from chronomq.ops.stats import percentile
 
 TOPIC = "bench-timer"
 
@@ -133,7 +133,7 @@ async def _queues(client: Any) -> int:
 async def _precision(
     cluster: LocalCluster, leader: int, rate: int, duration_s: float, horizon_s: float
 ) -> dict[str, Any]:
-    from cluster.client import Client
+    from chronomq.cluster.client import Client
 
     rng = random.Random(1)
     follower = next((i for i in range(cluster.n) if i != leader), leader)
@@ -225,7 +225,7 @@ async def _delivered_count(client: Any, url: str) -> int:
 
 
 async def _burst(cluster: LocalCluster, leader: int, n: int, producers: int) -> dict[str, Any]:
-    from cluster.client import Client
+    from chronomq.cluster.client import Client
 
     url = cluster.http_url(leader)
     async with Client(

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from ops.report import (
+from chronomq.ops.report import (
     DEFAULT_DRIVER_MEMORY,
     DEFAULT_MASTER,
     EXIT_BAD_INPUT,
@@ -24,7 +24,7 @@ from ops.report import (
     ReportOptions,
     report_main,
 )
-from ops.synth import MAX_ROWS, SynthSpec, synth_logs
+from chronomq.ops.synth import MAX_ROWS, SynthSpec, synth_logs
 
 _REPORT_EXAMPLES = """\
 examples:

@@ -1,6 +1,6 @@
 """``chronomq report``: replication and latency report of a cluster's logs, computed with PySpark.
 
-Reads every node's logs (see :mod:`cluster.logschema`), and writes into ``--out``:
+Reads every node's logs (see :mod:`chronomq.cluster.logschema`), and writes into ``--out``:
 
 - ``report.html``: one self-contained page (inline SVG charts), readable offline;
 - ``summary.json``: the figures, a function of the input logs only (two runs over the same
@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
 
-from cluster.logschema import SCHEMA_VERSION, RecordType
-from ops import report_tables as rt
-from ops.report_ingest import (
+from chronomq.cluster.logschema import SCHEMA_VERSION, RecordType
+from chronomq.ops import report_tables as rt
+from chronomq.ops.report_ingest import (
     LineCounts,
     LogFiles,
     ReportInputError,
@@ -40,7 +40,7 @@ from ops.report_ingest import (
     read_messages,
     read_small,
 )
-from ops.sparkengine import (
+from chronomq.ops.sparkengine import (
     DEFAULT_DRIVER_MEMORY,
     DEFAULT_MASTER,
     EngineError,
@@ -48,7 +48,7 @@ from ops.sparkengine import (
     spark_error_summary,
     spark_session,
 )
-from ops.sparkprogress import SparkProgress
+from chronomq.ops.sparkprogress import SparkProgress
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -356,7 +356,7 @@ def run_report(
     title: str = "chronomq report",
 ) -> dict[str, Any]:
     """Compute the report on ``spark`` and write every output; returns the summary."""
-    from ops.report_html import render
+    from chronomq.ops.report_html import render
 
     started = time.monotonic()
     logs = find_log_files(log_dirs)

@@ -11,11 +11,11 @@ import html
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ops import svgchart as chart
+from chronomq.ops import svgchart as chart
 
 if TYPE_CHECKING:
-    from ops.report import ReportData
-    from ops.report_tables import Table
+    from chronomq.ops.report import ReportData
+    from chronomq.ops.report_tables import Table
 
 MAX_HTML_ROWS = 200
 

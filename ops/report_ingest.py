@@ -1,8 +1,8 @@
 """Finding the nodes' log files and reading them into Spark, line by line, with validation.
 
-Lines are read as text and parsed with ``from_json`` against :func:`ops.schema.spark_schema`;
+Lines are read as text and parsed with ``from_json`` against :func:`chronomq.ops.schema.spark_schema`;
 every line gets a status: ``ok``, ``corrupt`` (not JSON, truncated, a field of the wrong type or
-missing, a broken rule of :func:`ops.schema.spark_valid`), ``newer`` (a schema version above
+missing, a broken rule of :func:`chronomq.ops.schema.spark_valid`), ``newer`` (a schema version above
 ours) or ``blank``. Corrupt lines are counted and skipped; a few are kept as examples.
 """
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cluster.logschema import MAX_LINE_BYTES, SCHEMA_VERSION, MessageKind, RecordType
-from ops.schema import spark_schema, spark_valid
+from chronomq.cluster.logschema import MAX_LINE_BYTES, SCHEMA_VERSION, MessageKind, RecordType
+from chronomq.ops.schema import spark_schema, spark_valid
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

@@ -15,7 +15,7 @@ the command and the store's replicated tables (never a clock, never a local file
   the field (``messages[i].properties.REAL_TOPIC``).
 
 Topic names are the only names that become paths (ConsumeQueue directories), and every one
-that reaches the store passes :func:`raftlog.record.validate_topic` here first.
+that reaches the store passes :func:`chronomq.raftlog.record.validate_topic` here first.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from raftlog import command as cmdcodec
-from raftlog import record
-from raftlog.errors import InvalidInput
+from chronomq.raftlog import command as cmdcodec
+from chronomq.raftlog import record
+from chronomq.raftlog.errors import InvalidInput
 
-#: Most queues a topic may have (as :meth:`raftlog.node.RaftLog.create_topic` allows).
+#: Most queues a topic may have (as :meth:`chronomq.raftlog.node.RaftLog.create_topic` allows).
 MAX_QUEUES = 1024
 #: Longest batch key and kv key.
 MAX_KEY_CHARS = 1024

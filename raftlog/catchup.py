@@ -1,9 +1,9 @@
 """The catch-up side channel: serve and fetch CommitLog byte ranges between nodes.
 
-Snapshots are thin (see :mod:`raftlog.store`), so a node that restores one may lack CommitLog
+Snapshots are thin (see :mod:`chronomq.raftlog.store`), so a node that restores one may lack CommitLog
 bytes it references. It fetches them here, over TCP on the Raft port + 1000, with ``sendfile``
 on the serving side so Python never touches the bytes. The messages, the mutual HMAC
-authentication and why it is built so are in :mod:`raftlog.catchup_proto`.
+authentication and why it is built so are in :mod:`chronomq.raftlog.catchup_proto`.
 
 The port is reachable by anyone, so every connection is bounded:
 
@@ -48,8 +48,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from raftlog import catchup_proto as proto
-from raftlog.commitlog import CommitLog
+from chronomq.raftlog import catchup_proto as proto
+from chronomq.raftlog.commitlog import CommitLog
 
 log = logging.getLogger(__name__)
 
@@ -367,7 +367,7 @@ def fetch_from(
     """Fetch ``[start, end)`` from one peer, handing chunks to ``write(at, data)``.
 
     Returns how many bytes were written (the peer may have fewer than asked). Raises
-    :class:`raftlog.catchup_proto.CatchupError` (refused, busy, not a peer) or ``OSError``.
+    :class:`chronomq.raftlog.catchup_proto.CatchupError` (refused, busy, not a peer) or ``OSError``.
     """
     key = proto.derive_key(secret)
     request = proto.FetchRequest(start, end)
@@ -432,7 +432,7 @@ def fetch_bytes(
 
 
 class Target(Protocol):
-    """Where fetched bytes go (:class:`raftlog.store.FetchTarget`)."""
+    """Where fetched bytes go (:class:`chronomq.raftlog.store.FetchTarget`)."""
 
     @property
     def start(self) -> int: ...

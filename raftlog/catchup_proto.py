@@ -49,7 +49,7 @@ Why this shape:
   one side is never valid for the other (no reflection).
 * The CommitLog bytes themselves are not MACed: they go out by ``sendfile`` without passing
   through Python. The client checks them against the snapshot's hash chain, which came through
-  Raft (:class:`raftlog.chain.RangeCheck`), before it accepts them.
+  Raft (:class:`chronomq.raftlog.chain.RangeCheck`), before it accepts them.
 * An empty secret (allowed on loopback only) still runs the same exchange; it then proves
   nothing, which is why it is refused off loopback by the node's configuration.
 """

@@ -13,7 +13,7 @@ fingerprint of its request) and, per message, the topic index, queue id and reco
 the idempotency limits the leader applies (client window in ms, client keys kept, internal
 batches kept), so that every replica forgets the same keys whatever its own config says. An ``EXTENSION`` command carries no batches: its ``extra`` is
 ``{"e": extension name, "p": JSON payload}`` for a registered apply extension
-(:mod:`raftlog.extension`). Everything that depends on time, randomness or the node was
+(:mod:`chronomq.raftlog.extension`). Everything that depends on time, randomness or the node was
 decided by the leader and is inside the command, so applying it is deterministic.
 """
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from raftlog.errors import StoreCorruption
+from chronomq.raftlog.errors import StoreCorruption
 
 _HEAD = struct.Struct(">HBBI")
 MAGIC = 0xC0DE

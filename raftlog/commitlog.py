@@ -18,10 +18,10 @@ Durability: ``flush="sync"`` fsyncs after every append; ``flush="async"`` fsyncs
 background thread every ``flush_interval_ms``. Either way the bytes are in the page cache as
 soon as ``append`` returns, so a killed process loses nothing. A new segment's name is made
 durable (its directory fsynced) when it is created. A failed fsync calls ``on_fault`` (by
-default the process stops, see :mod:`raftlog.durable`) and every later :meth:`sync` fails:
+default the process stops, see :mod:`chronomq.raftlog.durable`) and every later :meth:`sync` fails:
 the kernel may have dropped the pages it could not write.
 
-The replicated store (:mod:`raftlog.store`) runs it with ``flush="async"`` under both of the
+The replicated store (:mod:`chronomq.raftlog.store`) runs it with ``flush="async"`` under both of the
 node's settings: between snapshots the CommitLog is rebuilt from the Raft journal, which is
 what ``flush="sync"`` syncs before acknowledging; the store syncs the CommitLog before each
 snapshot that covers it.
@@ -39,8 +39,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from raftlog import durable, record
-from raftlog.errors import StoreCorruption
+from chronomq.raftlog import durable, record
+from chronomq.raftlog.errors import StoreCorruption
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from typing import Any
 
 from pysyncobj import FAIL_REASON
 
-from raftlog import command as cmdcodec
-from raftlog.errors import (
+from chronomq.raftlog import command as cmdcodec
+from chronomq.raftlog.errors import (
     ApplyRejected,
     CommitOutcomeUnknown,
     CommitTimeout,
@@ -40,7 +40,7 @@ from raftlog.errors import (
     ReplicationError,
     UnknownQueue,
 )
-from raftlog.store import (
+from chronomq.raftlog.store import (
     BAD_QUEUE,
     CONDITION_FAILED,
     KEY_REUSED,

@@ -26,16 +26,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from raftlog import record
-from raftlog.commitlog import CommitLog
-from raftlog.errors import InvalidInput
+from chronomq.raftlog import record
+from chronomq.raftlog.commitlog import CommitLog
+from chronomq.raftlog.errors import InvalidInput
 
 log = logging.getLogger(__name__)
 
 UNIT = struct.Struct(">QIq")
 UNIT_SIZE = UNIT.size  # 20
 #: Open queue files kept by default; a node sizes it from its file-descriptor budget
-#: (:mod:`cluster.fdbudget`).
+#: (:mod:`chronomq.cluster.fdbudget`).
 DEFAULT_MAX_OPEN_FILES = 512
 #: How many handles an open that fails with EMFILE/ENFILE closes before trying once more.
 _EMFILE_EVICT_FRACTION = 4

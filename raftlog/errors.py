@@ -9,7 +9,7 @@ from __future__ import annotations
 
 
 class RaftLogError(Exception):
-    """Base class of every error raised by :mod:`raftlog`."""
+    """Base class of every error raised by :mod:`chronomq.raftlog`."""
 
 
 class InvalidInput(RaftLogError, ValueError):

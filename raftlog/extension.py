@@ -6,15 +6,15 @@ read cursor, re-puts rolled messages and writes cancel tombstones, all decided w
 is applied. raftlog offers one generic seam for that and knows nothing of what rides on it:
 
 * A service registers an :class:`ApplyExtension` under a name
-  (:meth:`raftlog.node.RaftLog.register_extension`).
-* The leader proposes :attr:`~raftlog.command.Kind.EXTENSION` commands that carry the name and a
-  JSON payload (:meth:`raftlog.node.RaftLog.propose_extension`); the propose time in the
+  (:meth:`chronomq.raftlog.node.RaftLog.register_extension`).
+* The leader proposes :attr:`~chronomq.raftlog.command.Kind.EXTENSION` commands that carry the name and a
+  JSON payload (:meth:`chronomq.raftlog.node.RaftLog.propose_extension`); the propose time in the
   command is the leader's clock, the only "now" apply may use.
-* Every replica's :meth:`raftlog.store.Store.apply` hands the payload to the extension with an
+* Every replica's :meth:`chronomq.raftlog.store.Store.apply` hands the payload to the extension with an
   :class:`ApplyContext`, through which it reads the store, appends derived records (placed in
   the CommitLog and ConsumeQueues exactly like produced ones, and covered by the digest) and
   changes replicated kv entries. Its return value reaches the proposer as
-  :attr:`raftlog.store.ApplyResult.ext`.
+  :attr:`chronomq.raftlog.store.ApplyResult.ext`.
 
 What an extension must keep across restarts and snapshot installs goes into kv: kv is in the
 thin snapshot. Anything else it derives (its own files) it re-aligns to kv in
@@ -30,8 +30,8 @@ command for any other name at once, on every replica alike.
 
 An extension's apply must be total too: a payload or record that breaks its rules is answered
 deterministically (counted, logged, ignored), or it raises
-:class:`~raftlog.errors.ApplyRejected` and the store records the rejection. Only a fault of
-this node (``OSError``, :class:`~raftlog.errors.NodeFault`) may escape and stop it.
+:class:`~chronomq.raftlog.errors.ApplyRejected` and the store records the rejection. Only a fault of
+this node (``OSError``, :class:`~chronomq.raftlog.errors.NodeFault`) may escape and stop it.
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from raftlog.errors import ApplyRejected, InvalidInput
-from raftlog.record import validate_topic
+from chronomq.raftlog.errors import ApplyRejected, InvalidInput
+from chronomq.raftlog.record import validate_topic
 
 if TYPE_CHECKING:
-    from raftlog.store import Placed, Store
+    from chronomq.raftlog.store import Placed, Store
 
 #: Longest extension name; it travels in every command of that extension.
 MAX_NAME_LENGTH = 32

@@ -31,11 +31,11 @@ Recovery. A record that fails its length or CRC is a torn write when it belongs 
 sync groups (:data:`TORN_GROUPS`): written after the last completed sync, so never
 acknowledged under ``flush="sync"``; it is cut with everything after it (a power cut may keep
 later pages and lose earlier ones). A bad record followed by sound records written after it
-was synced is damage; it is refused (see :mod:`raftlog.journalcheck`). A journal in pysyncobj's format 1 is read strictly and rewritten
+was synced is damage; it is refused (see :mod:`chronomq.raftlog.journalcheck`). A journal in pysyncobj's format 1 is read strictly and rewritten
 in this format.
 
 An ``fsync`` that fails calls ``on_fault`` (by default the node stops, see
-:mod:`raftlog.durable`), and every later sync fails too.
+:mod:`chronomq.raftlog.durable`), and every later sync fails too.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from typing import Any
 import orjson
 from pysyncobj.journal import Journal
 
-from raftlog import durable, safepickle
+from chronomq.raftlog import durable, safepickle
 
 log = logging.getLogger(__name__)
 

@@ -1,13 +1,13 @@
 """A check of the Raft journal file before the node starts on it.
 
-The journal's records carry a CRC (:mod:`raftlog.journal`), so a record torn by a power cut is
+The journal's records carry a CRC (:mod:`chronomq.raftlog.journal`), so a record torn by a power cut is
 told from one damaged later: a torn tail is cut when the journal opens. :func:`check_journal`
 reads the file first and returns the first problem that cannot be repaired:
 
 * its term and vote (``journal.meta``) cannot be read;
 * the header is not the journal's (or pysyncobj's format 1, read strictly: it has no CRC);
 * a record is bad and records written after it was synced follow it (damage, not a torn
-  write: see :data:`raftlog.journal.TORN_GROUPS`);
+  write: see :data:`chronomq.raftlog.journal.TORN_GROUPS`);
 * entry indexes do not follow one another, or a term goes down;
 * a command does not decode: an unknown command type, or for a replicated call, our codec.
 
@@ -21,9 +21,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from raftlog import command as cmdcodec
-from raftlog import safepickle
-from raftlog.journal import JournalDamaged, load_meta, read_file
+from chronomq.raftlog import command as cmdcodec
+from chronomq.raftlog import safepickle
+from chronomq.raftlog.journal import JournalDamaged, load_meta, read_file
 
 # pysyncobj's command types (pysyncobj.syncobj._COMMAND_TYPE).
 _REGULAR, _NO_OP, _MEMBERSHIP, _VERSION = 0, 1, 2, 3

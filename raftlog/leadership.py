@@ -1,7 +1,7 @@
 """One owner for the leader-only work of a node: started for a confirmed term, stopped before
 the next one starts.
 
-:class:`raftlog.node.RaftLog` reports leadership as ``listener(is_leader, term)`` (confirmed
+:class:`chronomq.raftlog.node.RaftLog` reports leadership as ``listener(is_leader, term)`` (confirmed
 by a barrier committed in ``term``; lost on a term change or a lapsed lease). The services that
 run only on the leader (the schedule service's level loops, the timer's dequeue/enqueue driver,
 and, once it exists, pop revive) register with one :class:`Leadership` as :class:`Work`
@@ -194,7 +194,7 @@ def _thread_timer(delay_s: float, fn: Callable[[], None]) -> None:
 class Leadership:
     """Starts the registered :class:`Work` for each confirmed term, one term at a time.
 
-    Feed it with :meth:`on_leader` (a :meth:`raftlog.node.RaftLog.add_leader_listener`
+    Feed it with :meth:`on_leader` (a :meth:`chronomq.raftlog.node.RaftLog.add_leader_listener`
     listener). Every method may be called from any thread; the pieces' ``start`` and ``wake``
     run outside the owner's lock.
     """

@@ -1,7 +1,7 @@
 """The Raft state machine: a pysyncobj ``SyncObj`` whose state is a :class:`Store`.
 
 pysyncobj calls :meth:`ReplicatedLog._apply_cmd` on its own thread, in log order, on every
-node. Snapshots are thin (see :mod:`raftlog.store`); with a custom serializer pysyncobj calls
+node. Snapshots are thin (see :mod:`chronomq.raftlog.store`); with a custom serializer pysyncobj calls
 ``serializer(path, (entry_S, entry_S-1, cluster))`` on the same thread as apply, so the store's
 state is exactly that at index S, and ``deserializer(path)`` must give the three back.
 
@@ -12,15 +12,15 @@ Facts this relies on (pysyncobj 0.3.17):
   snapshot the store is emptied before ``SyncObj`` starts, since the whole journal replays;
 * a received snapshot is not checked by pysyncobj: ours carries its own length and hash;
 * an exception in the deserializer at start leaves the node wedged: we exit instead;
-* pysyncobj's journal is replaced by :class:`raftlog.journal.DurableJournal` (CRC per record,
+* pysyncobj's journal is replaced by :class:`chronomq.raftlog.journal.DurableJournal` (CRC per record,
   term and vote synced); with ``flush="sync"`` the entries appended in a tick are synced with
   one ``fdatasync`` before this node counts them towards a commit (leader) or acknowledges them
-  (follower: its answers wait in :class:`raftlog.transport.GuardedTransport` until the sync);
+  (follower: its answers wait in :class:`chronomq.raftlog.transport.GuardedTransport` until the sync);
 * with either setting the CommitLog is synced before a snapshot that covers it is written, and
   the snapshot is durable (file and directory) before the journal entries it covers are
   dropped: between snapshots the CommitLog is rebuilt from the journal on restart;
 * pysyncobj's wire, admin commands and unpickling are replaced or closed as listed in
-  :mod:`raftlog.transport`.
+  :mod:`chronomq.raftlog.transport`.
 """
 
 from __future__ import annotations
@@ -40,16 +40,16 @@ from pysyncobj.monotonic import monotonic as _pso_monotonic
 from pysyncobj.syncobj import _RAFT_STATE
 from pysyncobj.transport import TCPNode
 
-from raftlog import catchup, durable, prevote, transport
-from raftlog.config import RaftConfig
-from raftlog.errors import StoreCorruption
-from raftlog.journal import DurableJournal
-from raftlog.journalcheck import check_journal, journal_advice
-from raftlog.prevote import LogPosition, PreVoteRound, VoterState
-from raftlog.removal import RemovalFile, RemovalNotice
-from raftlog.store import FetchTarget, Store, decode_entry, encode_entry
-from raftlog.ticks import TickWatch
-from raftlog.transfer import LeaderView
+from chronomq.raftlog import catchup, durable, prevote, transport
+from chronomq.raftlog.config import RaftConfig
+from chronomq.raftlog.errors import StoreCorruption
+from chronomq.raftlog.journal import DurableJournal
+from chronomq.raftlog.journalcheck import check_journal, journal_advice
+from chronomq.raftlog.prevote import LogPosition, PreVoteRound, VoterState
+from chronomq.raftlog.removal import RemovalFile, RemovalNotice
+from chronomq.raftlog.store import FetchTarget, Store, decode_entry, encode_entry
+from chronomq.raftlog.ticks import TickWatch
+from chronomq.raftlog.transfer import LeaderView
 
 log = logging.getLogger(__name__)
 
@@ -554,7 +554,7 @@ class ReplicatedLog(SyncObj):
     def _refuse_forwarded(self, node: Any, message: dict[str, Any]) -> None:
         """A command another node's pysyncobj forwards is never appended here.
 
-        Our writes are proposed only by a confirmed leader (:mod:`raftlog.node`); pysyncobj
+        Our writes are proposed only by a confirmed leader (:mod:`chronomq.raftlog.node`); pysyncobj
         forwards a command to the leader it knows when the node that got it does not lead.
         That happens only in the moment after a leader steps down and before its leadership
         watch notices: committed here, in the new term, such a command (a schedule range, a

@@ -24,15 +24,15 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from raftlog import command as cmdcodec
-from raftlog import record
-from raftlog.applycheck import RecordRule
-from raftlog.catchup import CatchupServer
-from raftlog.clock import Clock, SystemClock
-from raftlog.committer import GroupCommitter, PendingBatch, _failure
-from raftlog.config import RaftConfig
-from raftlog.consumequeue import tags_hash
-from raftlog.errors import (
+from chronomq.raftlog import command as cmdcodec
+from chronomq.raftlog import record
+from chronomq.raftlog.applycheck import RecordRule
+from chronomq.raftlog.catchup import CatchupServer
+from chronomq.raftlog.clock import Clock, SystemClock
+from chronomq.raftlog.committer import GroupCommitter, PendingBatch, _failure
+from chronomq.raftlog.config import RaftConfig
+from chronomq.raftlog.consumequeue import tags_hash
+from chronomq.raftlog.errors import (
     CommitOutcomeUnknown,
     ConditionFailed,
     InvalidInput,
@@ -41,10 +41,10 @@ from raftlog.errors import (
     UnknownQueue,
     UnknownTopic,
 )
-from raftlog.extension import ApplyExtension, check_name
-from raftlog.machine import ReplicatedLog, _addr
-from raftlog.removal import RemovalNotice
-from raftlog.store import ApplyResult, BatchOutcome, Store, TopicLimits
+from chronomq.raftlog.extension import ApplyExtension, check_name
+from chronomq.raftlog.machine import ReplicatedLog, _addr
+from chronomq.raftlog.removal import RemovalNotice
+from chronomq.raftlog.store import ApplyResult, BatchOutcome, Store, TopicLimits
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class RaftLog:
     ) -> None:
         """``extensions``: the names of every apply extension the cluster runs (a command for
         another is rejected at apply; None waits for any). ``record_rules``: checks for the
-        records of some topics (:mod:`raftlog.applycheck`). Both are in force before the first
+        records of some topics (:mod:`chronomq.raftlog.applycheck`). Both are in force before the first
         command applies, and must be equal on every node."""
         self.config = config
         self.clock = clock or SystemClock()
@@ -371,7 +371,7 @@ class RaftLog:
     # ------------------------------------------------------------------ extensions
 
     def register_extension(self, ext: ApplyExtension) -> None:
-        """Register an apply extension (see :mod:`raftlog.extension`) on this node.
+        """Register an apply extension (see :mod:`chronomq.raftlog.extension`) on this node.
 
         Every node must register the same extensions: a command for one this node lacks
         waits for it, then stops the node.

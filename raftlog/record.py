@@ -37,7 +37,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from raftlog.errors import InvalidInput, MessageTooLarge, StoreCorruption
+from chronomq.raftlog.errors import InvalidInput, MessageTooLarge, StoreCorruption
 
 MESSAGE_MAGIC = 0xC401_0001
 BLANK_MAGIC = 0xC401_BBBB

@@ -8,7 +8,7 @@ as usual and nothing else does.
 
 Two allowlists, checked against what pysyncobj 0.3.17 really pickles:
 
-* :data:`WIRE_GLOBALS` (frames of :mod:`raftlog.wire`, pickled at protocol 5): none. Raft
+* :data:`WIRE_GLOBALS` (frames of :mod:`chronomq.raftlog.wire`, pickled at protocol 5): none. Raft
   messages are dicts, lists and tuples of str, int, bool, None and bytes, which protocol 5
   writes without naming any global.
 * :data:`LOG_GLOBALS` (pysyncobj's own protocol-2 pickles: commands in the log, the
@@ -19,7 +19,7 @@ Two allowlists, checked against what pysyncobj 0.3.17 really pickles:
   that accepts exactly those arguments, not to the general function.
 
 :data:`PYSYNCOBJ_PICKLE` stands in for the ``pysyncobj.pickle`` module inside pysyncobj
-(see :func:`raftlog.wire.install` for where it is put): same dumps, restricted loads, and no
+(see :func:`chronomq.raftlog.wire.install` for where it is put): same dumps, restricted loads, and no
 fallback to the pure-Python unpickler that ``pysyncobj.pickle.loads`` retries with.
 """
 

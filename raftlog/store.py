@@ -2,22 +2,22 @@
 
 :meth:`Store.apply` is the state machine's transition. It is deterministic: the same command
 sequence gives byte-identical CommitLogs and equal tables on every node. It knows nothing of
-Raft; :mod:`raftlog.machine` feeds it committed commands.
+Raft; :mod:`chronomq.raftlog.machine` feeds it committed commands.
 
 The snapshot (:meth:`Store.snapshot`) is *thin*: the CommitLog length and hash chain
-(:mod:`raftlog.chain`), the tables, and a digest of the last 64 KiB, never the CommitLog itself.
+(:mod:`chronomq.raftlog.chain`), the tables, and a digest of the last 64 KiB, never the CommitLog itself.
 A node restoring one truncates its CommitLog to that length or fetches the missing bytes from a
 peer (:meth:`Store.restore`), and accepts fetched bytes only when they extend its own chain to
 the snapshot's.
 
 Idempotency keys come in two kinds. A client's key (its batch carries the fingerprint of the
-request, see :mod:`raftlog.command`) is remembered with that fingerprint, the propose time and
+request, see :mod:`chronomq.raftlog.command`) is remembered with that fingerprint, the propose time and
 the placement for a time window measured in propose times, at most a number of keys (the
 oldest go first); a repeat within the window answers the first placement, and a repeat with
 another fingerprint is rejected (``KEY_REUSED``). Internal batches' keys are kept by count.
 The leader carries both limits in every command, so apply forgets the same keys everywhere.
 
-Registered apply extensions (:mod:`raftlog.extension`) apply ``EXTENSION`` commands; their
+Registered apply extensions (:mod:`chronomq.raftlog.extension`) apply ``EXTENSION`` commands; their
 derived records are placed like produced ones and their state lives in ``kv``.
 """
 
@@ -40,19 +40,19 @@ from typing import Any
 
 import orjson
 
-from raftlog import applycheck, durable, record
-from raftlog import command as cmdcodec
-from raftlog.chain import BLOCK_BYTES, Chain, RangeCheck
-from raftlog.commitlog import CommitLog
-from raftlog.consumequeue import DEFAULT_MAX_OPEN_FILES, UNIT, ConsumeQueueStore, CqUnit
-from raftlog.errors import ApplyRejected, NodeFault, StoreCorruption
-from raftlog.extension import ApplyContext, ApplyExtension, DerivedRecord, check_name
+from chronomq.raftlog import applycheck, durable, record
+from chronomq.raftlog import command as cmdcodec
+from chronomq.raftlog.chain import BLOCK_BYTES, Chain, RangeCheck
+from chronomq.raftlog.commitlog import CommitLog
+from chronomq.raftlog.consumequeue import DEFAULT_MAX_OPEN_FILES, UNIT, ConsumeQueueStore, CqUnit
+from chronomq.raftlog.errors import ApplyRejected, NodeFault, StoreCorruption
+from chronomq.raftlog.extension import ApplyContext, ApplyExtension, DerivedRecord, check_name
 
 log = logging.getLogger(__name__)
 
 SNAPSHOT_MAGIC = b"CMQSNAP1"
 #: 3: ``clients`` holds the client idempotency keys (:data:`CLIENT_ENTRY`, base64). 2 (read
-#: only): ``chain`` is :mod:`raftlog.chain`'s and ``chain_block`` is there; every key was in
+#: only): ``chain`` is :mod:`chronomq.raftlog.chain`'s and ``chain_block`` is there; every key was in
 #: ``idem``. 1 (read only): a chain over commands, which fetched bytes cannot be checked against.
 SNAPSHOT_VERSION = 3
 _SNAP_HEAD = struct.Struct(">8sQ32s")
@@ -78,7 +78,7 @@ MAX_EXTENSION_NAME = 32
 OK = 0
 CONDITION_FAILED = 1
 BAD_QUEUE = 2
-#: A batch (or a whole command) broke a rule of apply (:mod:`raftlog.applycheck`); the
+#: A batch (or a whole command) broke a rule of apply (:mod:`chronomq.raftlog.applycheck`); the
 #: outcome's ``field`` names the input.
 REJECTED = 4
 
@@ -335,17 +335,17 @@ class Store:
         #: at once. None: wait for any name (``extension_wait_s``), then stop.
         self.expected_extensions: frozenset[str] | None = None
         #: Checks for records of a topic appended by ``APPEND`` commands (see
-        #: :mod:`raftlog.applycheck`). Set before the first apply, equal on every node.
+        #: :mod:`chronomq.raftlog.applycheck`). Set before the first apply, equal on every node.
         self.record_rules: dict[str, applycheck.RecordRule] = {}
         #: ``peer_bytes(start, end)``: a peer's CommitLog bytes, None if none has them (set by
-        #: :mod:`raftlog.machine`); :meth:`read_record` falls back to it.
+        #: :mod:`chronomq.raftlog.machine`); :meth:`read_record` falls back to it.
         self.peer_bytes: Callable[[int, int], bytes | None] | None = None
 
     # ------------------------------------------------------------------ queries
 
     @property
     def chain(self) -> bytes:
-        """The hash chain of the CommitLog's ``applied_length`` bytes (:mod:`raftlog.chain`)."""
+        """The hash chain of the CommitLog's ``applied_length`` bytes (:mod:`chronomq.raftlog.chain`)."""
         return self._chain.value()
 
     def digest(self) -> dict[str, object]:

@@ -22,8 +22,8 @@ target's log is shorter by the time it asks for votes and the old leader wins ag
    again while time remains.
 
 The driver (:func:`transfer_leadership`) runs it on the asyncio loop against a real
-:class:`raftlog.node.RaftLog`; what the holds mean for writers is in
-:meth:`raftlog.committer.GroupCommitter.hold` and :meth:`raftlog.machine.ReplicatedLog.hold_proposals`.
+:class:`chronomq.raftlog.node.RaftLog`; what the holds mean for writers is in
+:meth:`chronomq.raftlog.committer.GroupCommitter.hold` and :meth:`chronomq.raftlog.machine.ReplicatedLog.hold_proposals`.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from raftlog.errors import CommitOutcomeUnknown, NotLeader
+from chronomq.raftlog.errors import CommitOutcomeUnknown, NotLeader
 
 if TYPE_CHECKING:
-    from raftlog.node import RaftLog
+    from chronomq.raftlog.node import RaftLog
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class TransferResult:
 @dataclass(frozen=True, slots=True)
 class LeaderView:
     """What the Raft thread saw at the end of one tick (see
-    :meth:`raftlog.machine.ReplicatedLog.watch_transfer`)."""
+    :meth:`chronomq.raftlog.machine.ReplicatedLog.watch_transfer`)."""
 
     at_s: float
     leading: bool
@@ -415,7 +415,7 @@ async def transfer_leadership(
     runs at a time per node (:attr:`TransferOutcome.IN_PROGRESS` otherwise). Never raises for
     a refusal: the result says what happened.
     """
-    from raftlog.node import RaftLog  # here: raftlog.node imports this module's types
+    from chronomq.raftlog.node import RaftLog  # here: raftlog.node imports this module's types
 
     if isinstance(broker_or_raftlog, RaftLog):
         raftlog = broker_or_raftlog

@@ -3,15 +3,15 @@
 Every adjustment to pysyncobj 0.3.17 that this takes, each small and in one place:
 
 1. ``pysyncobj.transport.TcpConnection`` and ``pysyncobj.tcp_server.TcpConnection`` (the names
-   the transport and the server build connections with) become :func:`raftlog.wire.connection`:
+   the transport and the server build connections with) become :func:`chronomq.raftlog.wire.connection`:
    the handshake on the cluster secret, MACed frames, restricted unpickling
    (:func:`install`).
 2. ``pysyncobj.syncobj.pickle`` and ``pysyncobj.serializer.pickle`` (the module
    ``pysyncobj.pickle``) and ``pysyncobj.journal.loads`` become
-   :data:`raftlog.safepickle.PYSYNCOBJ_PICKLE` / :func:`raftlog.safepickle.loads_log`: the
+   :data:`chronomq.raftlog.safepickle.PYSYNCOBJ_PICKLE` / :func:`chronomq.raftlog.safepickle.loads_log`: the
    membership and version commands applied from the log, the reassembly of one large entry sent
    as a 'transmission', and a journal meta file of pysyncobj's format (read once by
-   :mod:`raftlog.journal`, which writes JSON) are unpickled with an allowlist (:func:`install`).
+   :mod:`chronomq.raftlog.journal`, which writes JSON) are unpickled with an allowlist (:func:`install`).
 3. :class:`GuardedTransport`, given to ``SyncObj`` as its ``transportClass``, registers no
    utility command (pysyncobj's unauthenticated ``status``, ``add``, ``remove``,
    ``set_version``, ``transfer``: membership changes go through the HTTP admin API, which calls
@@ -47,9 +47,9 @@ import pysyncobj.transport as _transport_module
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
-from raftlog import durable, safepickle, wire
-from raftlog.config import RaftConfig
-from raftlog.wire import WireContext, WireSettings
+from chronomq.raftlog import durable, safepickle, wire
+from chronomq.raftlog.config import RaftConfig
+from chronomq.raftlog.wire import WireContext, WireSettings
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def _describe(message: Any) -> str:
 
 
 class GuardedTransport(TCPTransport):
-    """pysyncobj's TCP transport on :mod:`raftlog.wire`, without admin commands or read-only
+    """pysyncobj's TCP transport on :mod:`chronomq.raftlog.wire`, without admin commands or read-only
     clients. Built by ``SyncObj`` as ``transportClass(syncObj, selfNode, otherNodes)``: bind
     ``settings`` first (``functools.partial``)."""
 

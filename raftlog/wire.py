@@ -1,4 +1,4 @@
-"""An authenticated connection for pysyncobj's TCP transport (the bytes: :mod:`raftlog.wireproto`).
+"""An authenticated connection for pysyncobj's TCP transport (the bytes: :mod:`chronomq.raftlog.wireproto`).
 
 :class:`AuthConnection` has the interface pysyncobj's ``TcpConnection`` offers its transport
 and server (constructor keywords, ``setOn*Callback``, ``connect``, ``send``, ``fileno``,
@@ -7,7 +7,7 @@ and server (constructor keywords, ``setOn*Callback``, ``connect``, ``send``, ``f
 where it matters:
 
 * nothing is unpickled before both sides proved the cluster secret, and then only an
-  authenticated frame, with :mod:`raftlog.safepickle`;
+  authenticated frame, with :mod:`chronomq.raftlog.safepickle`;
 * an outgoing connection reports "connected" to the transport once the handshake succeeded,
   not when TCP connects, so pysyncobj counts only authenticated peers towards its quorum;
   messages the transport sends earlier are queued and sent after the handshake;
@@ -20,7 +20,7 @@ where it matters:
   linear time, where pysyncobj's ``bytes +=`` copies the whole buffer for every read.
 
 A connection finds its settings through the poller it is built with: each
-:class:`raftlog.transport.GuardedTransport` registers its :class:`WireContext` for its SyncObj's
+:class:`chronomq.raftlog.transport.GuardedTransport` registers its :class:`WireContext` for its SyncObj's
 poller with :func:`register`, and :func:`connection` (what pysyncobj builds as
 ``TcpConnection``) refuses a poller without one.
 """
@@ -38,7 +38,7 @@ from typing import Any, Generic, TypeVar
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import CONNECTION_STATE, _getAddrType, set_keepalive
 
-from raftlog.wireproto import (
+from chronomq.raftlog.wireproto import (
     HELLO_BYTES,
     MAGIC,
     NONCE_BYTES,

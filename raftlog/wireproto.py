@@ -2,7 +2,7 @@
 
 Both ends of every Raft connection prove they hold the cluster secret before any pickled
 byte is read, then every frame carries a MAC under a key of its direction. The bytes come
-from and go to :mod:`raftlog.wire`, which owns the sockets; everything here takes bytes and
+from and go to :mod:`chronomq.raftlog.wire`, which owns the sockets; everything here takes bytes and
 gives bytes, so it is tested alone (golden bytes in ``tests/raftlog/test_wire.py``).
 
 Conversation (each side sends its hello at once: the initiator on connect, the acceptor on
@@ -51,7 +51,7 @@ Frame, 37 bytes of header then the payload::
     dropped, reordered or replayed (even from another connection: other nonces, other keys)
     fails its MAC. flags bit 0: payload is zlib-compressed; other bits must be 0.
     payload = pickle (protocol 5) of one pysyncobj message, read with
-    :mod:`raftlog.safepickle` after the MAC is checked.
+    :mod:`chronomq.raftlog.safepickle` after the MAC is checked.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from raftlog import safepickle
+from chronomq.raftlog import safepickle
 
 MAGIC = b"CMQR"
 VERSION = 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 
 class ScheduleError(Exception):
-    """Base of every error raised by :mod:`schedule`."""
+    """Base of every error raised by :mod:`chronomq.schedule`."""
 
 
 class CallerError(ScheduleError):

@@ -9,9 +9,9 @@ only when they settle.
 
 from __future__ import annotations
 
-from raftlog.store import Store
-from schedule.levels import SCHEDULE_TOPIC
-from schedule.service import offset_key
+from chronomq.raftlog.store import Store
+from chronomq.schedule.levels import SCHEDULE_TOPIC
+from chronomq.schedule.service import offset_key
 
 
 def lowest_needed_offset(store: Store) -> int | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from schedule.errors import ConfigError, InvalidDelayLevel
+from chronomq.schedule.errors import ConfigError, InvalidDelayLevel
 
 CONFIG_KEY: Final = "message_delay_level"
 DEFAULT_MESSAGE_DELAY_LEVEL: Final = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"

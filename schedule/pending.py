@@ -44,8 +44,8 @@ from collections import deque
 from dataclasses import dataclass
 from enum import Enum
 
-from schedule.errors import ConfigError, ScheduleInternalError
-from schedule.planner import ScheduleEntry
+from chronomq.schedule.errors import ConfigError, ScheduleInternalError
+from chronomq.schedule.planner import ScheduleEntry
 
 MAX_PENDING_LIMIT_KEY = "schedule_async_deliver_max_pending_limit"
 MAX_RESEND_NUM_TO_BLOCKED_KEY = "schedule_async_deliver_max_resend_num_to_blocked"

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from schedule.errors import ScheduleInternalError
+from chronomq.schedule.errors import ScheduleInternalError
 
 
 @dataclass(frozen=True, slots=True)

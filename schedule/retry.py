@@ -12,7 +12,7 @@ message was already sent back (0 for a first delivery). Sends-back with counts 0
 The re-enqueued copy always carries ``reconsume_times + 1``.
 
 The result is the logical destination: the produce path then stores a delayed retry in the
-schedule topic like any delayed message (:func:`schedule.rewrite.place`).
+schedule topic like any delayed message (:func:`chronomq.schedule.rewrite.place`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Final
 
-from schedule import properties as props
-from schedule.errors import ConfigError, InvalidRetryRequest
-from schedule.levels import SCHEDULE_TOPIC, DelayLevelTable
+from chronomq.schedule import properties as props
+from chronomq.schedule.errors import ConfigError, InvalidRetryRequest
+from chronomq.schedule.levels import SCHEDULE_TOPIC, DelayLevelTable
 
 RETRY_TOPIC_PREFIX: Final = "%RETRY%"
 DLQ_TOPIC_PREFIX: Final = "%DLQ%"

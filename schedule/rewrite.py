@@ -13,12 +13,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from raftlog.applycheck import RecordFacts
-from raftlog.errors import InvalidInput
-from raftlog.record import validate_topic
-from schedule import properties as props
-from schedule.errors import CorruptScheduleMessage, InvalidDelayLevel
-from schedule.levels import MAX_LEVEL_DELAY_MS, SCHEDULE_TOPIC, DelayLevelTable, ResolvedLevel
+from chronomq.raftlog.applycheck import RecordFacts
+from chronomq.raftlog.errors import InvalidInput
+from chronomq.raftlog.record import validate_topic
+from chronomq.schedule import properties as props
+from chronomq.schedule.errors import CorruptScheduleMessage, InvalidDelayLevel
+from chronomq.schedule.levels import (
+    MAX_LEVEL_DELAY_MS,
+    SCHEDULE_TOPIC,
+    DelayLevelTable,
+    ResolvedLevel,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +146,7 @@ def destination_problem(
 def apply_rule(
     facts: RecordFacts, queue_count: Callable[[str], int | None]
 ) -> tuple[str, str] | None:
-    """The apply rule for records of :data:`SCHEDULE_TOPIC` (:mod:`raftlog.applycheck`).
+    """The apply rule for records of :data:`SCHEDULE_TOPIC` (:mod:`chronomq.raftlog.applycheck`).
 
     Besides the destination, the deliver time (the record's tagsCode) must lie within the
     longest level delay any table allows (365 d) of the command's propose time: a record

@@ -1,9 +1,9 @@
 """The schedule service: one delivery loop per delay level, on the leader only.
 
-The cores beside this module decide (:mod:`schedule.planner`, :mod:`schedule.pending`,
-:mod:`schedule.rewrite`); this module drives them against the replicated log. It runs on a
+The cores beside this module decide (:mod:`chronomq.schedule.planner`, :mod:`chronomq.schedule.pending`,
+:mod:`chronomq.schedule.rewrite`); this module drives them against the replicated log. It runs on a
 thread of its own with its own asyncio loop, so delivery never competes with the HTTP loop for
-a turn, and it talks to Raft only through :meth:`raftlog.node.RaftLog.append`.
+a turn, and it talks to Raft only through :meth:`chronomq.raftlog.node.RaftLog.append`.
 
 **Progress and effect in one command.** Each level's offset is the replicated kv entry
 ``sched/off/{level}``. A delivery command covers a contiguous range ``[a, b)`` of the level's
@@ -18,7 +18,7 @@ window (RocketMQ persists offsets every 10 s and re-delivers after failover).
 for its commit before the next.
 
 **Async mode** (``enable_schedule_async_deliver``): due messages go into the level's
-:class:`~schedule.pending.PendingQueue` (bounded; when full the loop backs off and rescans) and
+:class:`~chronomq.schedule.pending.PendingQueue` (bounded; when full the loop backs off and rescans) and
 out in batches of up to ``batch_max_messages`` per command without waiting; batches of a level
 are chained (each expects the offset the previous one sets), and the group committer keeps
 them in order. Completions come back on this loop; the pending queue settles them in queue
@@ -27,7 +27,7 @@ order, resends failures with back-off ``min(n x 100 ms, 60 s)``, blocks the leve
 message missing from the CommitLog (below its minimum offset: retention deleted it) after 6
 tries (then one empty command moves the offset past it). A message the CommitLog still holds but
 this node cannot read (EIO, CRC mismatch) is read from a peer
-(:meth:`raftlog.store.Store.read_record`); if no peer can give it either, it is never skipped:
+(:meth:`chronomq.raftlog.store.Store.read_record`); if no peer can give it either, it is never skipped:
 the level waits on it, resending with back-off, and ``GET /v1/admin/schedule`` shows the level
 ``blocked`` with the ``read_error`` (logged once per message). An entry whose deliver time lies
 more than the level's delay plus :data:`SKEW_ALLOWANCE_MS` ahead (a stamp no produce makes) is
@@ -35,9 +35,9 @@ treated as due now rather than holding its level for ever. While any message wai
 only fail its condition.
 
 **Leadership.** The service is one piece of leader-only work owned by
-:class:`raftlog.leadership.Leadership`, which :class:`raftlog.node.RaftLog` feeds with confirmed
+:class:`chronomq.raftlog.leadership.Leadership`, which :class:`chronomq.raftlog.node.RaftLog` feeds with confirmed
 terms (a barrier committed in the term, so every earlier command, and every offset, is applied
-here). For each term the owner hands the service a :class:`~raftlog.leadership.TermToken`; the
+here). For each term the owner hands the service a :class:`~chronomq.raftlog.leadership.TermToken`; the
 service starts one loop per level for it, and the next term's loops start only after every
 loop of the last one has returned. A loop checks its token after every await (a commit, a
 sleep) and before every proposal: once the term is over it leaves, whatever the await
@@ -71,22 +71,22 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from raftlog import record
-from raftlog.errors import ConditionFailed, RaftLogError, StoreCorruption
-from raftlog.leadership import Leadership, Piece, TermToken
-from raftlog.node import NewMessage, RaftLog
-from raftlog.store import OK, BatchOutcome
-from schedule import rewrite
-from schedule.errors import CorruptScheduleMessage
-from schedule.levels import SCHEDULE_TOPIC, DelayLevelTable, format_delay
-from schedule.pending import (
+from chronomq.raftlog import record
+from chronomq.raftlog.errors import ConditionFailed, RaftLogError, StoreCorruption
+from chronomq.raftlog.leadership import Leadership, Piece, TermToken
+from chronomq.raftlog.node import NewMessage, RaftLog
+from chronomq.raftlog.store import OK, BatchOutcome
+from chronomq.schedule import rewrite
+from chronomq.schedule.errors import CorruptScheduleMessage
+from chronomq.schedule.levels import SCHEDULE_TOPIC, DelayLevelTable, format_delay
+from chronomq.schedule.pending import (
     AddResult,
     BlockInfo,
     PendingConfig,
     PendingQueue,
     PendingStats,
 )
-from schedule.planner import ScanPlan, ScheduleEntry, StopReason, correct_offset, plan_scan
+from chronomq.schedule.planner import ScanPlan, ScheduleEntry, StopReason, correct_offset, plan_scan
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ class _LevelState:
 class ScheduleService:
     """Per-level delivery loops; runs them only for the term the leadership owner hands it.
 
-    It is one piece of :class:`raftlog.leadership.Work` (named ``schedule``): ``start(token)``
+    It is one piece of :class:`chronomq.raftlog.leadership.Work` (named ``schedule``): ``start(token)``
     starts one loop per level for ``token.term`` on the service's own asyncio loop; the loops
     leave as soon as the token is stale, and ``token.exited`` follows once all have returned.
     """

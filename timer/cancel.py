@@ -4,7 +4,7 @@ A cancel is a message in the timer topic carrying TIMER_DEL_UNIQKEY (the uniq ke
 target) and the target's deliver time, so it is enqueued like any timer message: into the
 *cancel chain* of the target's slot (rolling along with the target while that slot is beyond
 the roll window). When the slot is read, and again when each delivery command is applied
-(:meth:`timer.dequeue.DequeuePlanner.replay`), messages whose key is in the slot's cancel chain
+(:meth:`chronomq.timer.dequeue.DequeuePlanner.replay`), messages whose key is in the slot's cancel chain
 are suppressed. Hence: a cancel committed before the delivery command is never outrun by it.
 
 :func:`decide_cancel` runs where the cancel command is applied, against the committed read
@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from timer.chains import RecordReader, SlotReader, find_message, tombstone_keys
-from timer.cursor import ReadCursor
-from timer.slots import SlotGeometry
+from chronomq.timer.chains import RecordReader, SlotReader, find_message, tombstone_keys
+from chronomq.timer.cursor import ReadCursor
+from chronomq.timer.slots import SlotGeometry
 
 
 class CancelStatus(Enum):

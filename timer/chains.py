@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Protocol
 
-from timer.errors import ChainBroken, TimerStateError
-from timer.timerlog import NO_POS, TimerLog, TimerRecord
-from timer.wheel import Slot, TimerWheel
+from chronomq.timer.errors import ChainBroken, TimerStateError
+from chronomq.timer.timerlog import NO_POS, TimerLog, TimerRecord
+from chronomq.timer.wheel import Slot, TimerWheel
 
 
 class SlotReader(Protocol):
@@ -39,7 +39,7 @@ def append_linked(log: TimerLog, wheel: TimerWheel, record: TimerRecord) -> int:
 
     ``record.prev_pos`` is replaced by the chain's current head (main or cancel chain, as the
     record's flags say). The TimerLog is written first, then the wheel, so a crash between
-    the two leaves a record the recovery scan links again (see :mod:`timer.checkpoint`).
+    the two leaves a record the recovery scan links again (see :mod:`chronomq.timer.checkpoint`).
     """
     if record.slot_ms != wheel.geometry.slot_ms(record.slot_ms):
         raise TimerStateError(f"slot_ms {record.slot_ms} is not a slot time")

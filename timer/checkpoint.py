@@ -39,19 +39,19 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from timer.config import TimerConfig
-from timer.cursor import ReadCursor
-from timer.durable import replace_durably
-from timer.errors import (
+from chronomq.timer.config import TimerConfig
+from chronomq.timer.cursor import ReadCursor
+from chronomq.timer.durable import replace_durably
+from chronomq.timer.errors import (
     BadMagic,
     ChecksumMismatch,
     TimerConfigMismatch,
     TimerCorruptionError,
     TimerStateError,
 )
-from timer.slots import SlotGeometry
-from timer.timerlog import OpenReport, TimerLog
-from timer.wheel import Slot, TimerWheel
+from chronomq.timer.slots import SlotGeometry
+from chronomq.timer.timerlog import OpenReport, TimerLog
+from chronomq.timer.wheel import Slot, TimerWheel
 
 CHECKPOINT_MAGIC = b"CQCP"
 CHECKPOINT_VERSION = 1

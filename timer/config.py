@@ -2,16 +2,16 @@
 
 Field names are the keys (RocketMQ's names in snake_case where RocketMQ has one), so a node
 can build this from its TOML/environment settings with ``TimerConfig(**timer_keys)``. A value
-out of range raises :class:`~timer.errors.InvalidTimerConfig` whose ``field`` is the key.
+out of range raises :class:`~chronomq.timer.errors.InvalidTimerConfig` whose ``field`` is the key.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from timer.errors import InvalidTimerConfig
-from timer.slots import SlotGeometry
-from timer.timerlog import RECORD_SIZE
+from chronomq.timer.errors import InvalidTimerConfig
+from chronomq.timer.slots import SlotGeometry
+from chronomq.timer.timerlog import RECORD_SIZE
 
 DAY_SEC = 86_400
 
@@ -26,7 +26,7 @@ class TimerConfig:
     timer_roll_window_slots: int = 864_000
     #: Longest delay accepted at produce time (365 days).
     timer_max_delay_sec: int = 365 * DAY_SEC
-    #: A slot holding this many messages starts rejecting more (see :mod:`timer.flow`).
+    #: A slot holding this many messages starts rejecting more (see :mod:`chronomq.timer.flow`).
     timer_congest_num_each_slot: int = 1_000_000
     #: Most cancels one slot may hold.
     timer_max_tombstones_each_slot: int = 100_000

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from timer.errors import TimerStateError
-from timer.timerlog import NO_POS
+from chronomq.timer.errors import TimerStateError
+from chronomq.timer.timerlog import NO_POS
 
 
 @dataclass(frozen=True, slots=True)

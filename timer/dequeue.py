@@ -32,12 +32,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from timer.chains import RecordReader, SlotReader, tombstone_keys
-from timer.cursor import ReadCursor
-from timer.errors import ChainBroken, StaleCursor, TimerStateError
-from timer.slots import SlotGeometry
-from timer.timerlog import NO_POS, TimerRecord
-from timer.wheel import Slot
+from chronomq.timer.chains import RecordReader, SlotReader, tombstone_keys
+from chronomq.timer.cursor import ReadCursor
+from chronomq.timer.errors import ChainBroken, StaleCursor, TimerStateError
+from chronomq.timer.slots import SlotGeometry
+from chronomq.timer.timerlog import NO_POS, TimerRecord
+from chronomq.timer.wheel import Slot
 
 
 class ItemAction(Enum):

@@ -23,12 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from timer.chains import append_linked
-from timer.config import TimerConfig
-from timer.errors import DelayTooLong, InvalidDeliverTime, TimerStateError
-from timer.slots import SlotGeometry
-from timer.timerlog import NO_POS, RecordFlags, TimerLog, TimerRecord
-from timer.wheel import TimerWheel
+from chronomq.timer.chains import append_linked
+from chronomq.timer.config import TimerConfig
+from chronomq.timer.errors import DelayTooLong, InvalidDeliverTime, TimerStateError
+from chronomq.timer.slots import SlotGeometry
+from chronomq.timer.timerlog import NO_POS, RecordFlags, TimerLog, TimerRecord
+from chronomq.timer.wheel import TimerWheel
 
 
 class EnqueueAction(Enum):

@@ -14,7 +14,7 @@ replicated state whose TimerLog ends at ``P`` (kv ``timer/tl``) when the TimerLo
   which appends those records again) or completed when shorter (a node that installed a
   snapshot never applied the commands that wrote them; its TimerLog files were lost or torn):
   first from the node's own CommitLog, which holds a copy of every TimerLog record
-  (:mod:`timer.logtopic`, passed in as ``local``), and only for what that lacks (segments
+  (:mod:`chronomq.timer.logtopic`, passed in as ``local``), and only for what that lacks (segments
   removed by retention, data written before the copy existed) from a peer (``fetch``);
 * the wheel is known to be ``W(F)`` for some ``F`` (:attr:`TimerFiles.wheel_pos`); when
   ``F <= P`` the records ``[F, P)`` are linked onto it, otherwise it is rebuilt from nothing
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from timer.checkpoint import (
+from chronomq.timer.checkpoint import (
     CHECKPOINT_FILE,
     TIMERLOG_DIR,
     WHEEL_FILE,
@@ -44,12 +44,12 @@ from timer.checkpoint import (
     rebuild_wheel,
     save_checkpoint,
 )
-from timer.config import TimerConfig
-from timer.cursor import ReadCursor
-from timer.errors import TimerConfigMismatch, TimerCorruptionError, TimerStateError
-from timer.logtopic import LocalCopy
-from timer.timerlog import RECORD_SIZE, TimerLog, decode_record
-from timer.wheel import TimerWheel
+from chronomq.timer.config import TimerConfig
+from chronomq.timer.cursor import ReadCursor
+from chronomq.timer.errors import TimerConfigMismatch, TimerCorruptionError, TimerStateError
+from chronomq.timer.logtopic import LocalCopy
+from chronomq.timer.timerlog import RECORD_SIZE, TimerLog, decode_record
+from chronomq.timer.wheel import TimerWheel
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ DIRTY_MARKER = "timerwheel.dirty"
 #: records to ``sink`` in order; raises when no peer can serve them.
 Fetch = Callable[[int, int, Callable[[bytes], None]], None]
 #: ``local(log, end)``: append to ``log`` what the node itself holds of ``[log.end_pos, end)``
-#: (:func:`timer.logtopic.rebuild_from_store`); says how many and why it stopped short.
+#: (:func:`chronomq.timer.logtopic.rebuild_from_store`); says how many and why it stopped short.
 Local = Callable[[TimerLog, int], LocalCopy]
 
 

@@ -17,8 +17,8 @@ congestion, only by :func:`check_cancel_room`.
 
 from __future__ import annotations
 
-from timer.errors import SlotCongested, TooManyTombstones
-from timer.wheel import Slot
+from chronomq.timer.errors import SlotCongested, TooManyTombstones
+from chronomq.timer.wheel import Slot
 
 
 def rejection_probability(count: int, limit: int) -> float:

@@ -8,7 +8,7 @@ as this node's wheel holds it. A slot whose cell holds another lap reads as empt
 Slots the read cursor has not passed but whose time has come are *overdue* (the read-behind);
 they are summed apart, at most :data:`MAX_OVERDUE_SLOTS` of them (the newest).
 
-Plain arithmetic over a :class:`~timer.chains.SlotReader`: no clock is read, the caller passes
+Plain arithmetic over a :class:`~chronomq.timer.chains.SlotReader`: no clock is read, the caller passes
 ``now_ms`` and the cursor.
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from timer.chains import SlotReader
-from timer.slots import SlotGeometry
+from chronomq.timer.chains import SlotReader
+from chronomq.timer.slots import SlotGeometry
 
 MAX_SLOTS = 36_000 * 10
 """At most this many slots are read for one histogram (an hour at 10 ms precision)."""

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from raftlog.store import Store
-from timer.message import TIMER_QUEUE, TIMER_TOPIC
+from chronomq.raftlog.store import Store
+from chronomq.timer.message import TIMER_QUEUE, TIMER_TOPIC
 
 CHUNK_RECORDS = 8192
 MAX_CHUNKS = 16
@@ -38,7 +38,7 @@ class TimerHold:
     def lowest_needed_offset(self, machine: Any, store: Store) -> int | None:
         """The lowest CommitLog offset a waiting timer message lives at; None when none waits.
 
-        ``machine`` is the :class:`timer.machine.TimerMachine` registered on ``store``.
+        ``machine`` is the :class:`chronomq.timer.machine.TimerMachine` registered on ``store``.
         Conservative when unsure: 0 keeps everything.
         """
         for _chunk in range(MAX_CHUNKS):

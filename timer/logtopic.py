@@ -10,7 +10,7 @@ its replicated state (a thin snapshot installed, the files lost or torn) copies 
 records back from its own CommitLog (:func:`rebuild_from_store`); fetching them from a peer is
 only the fallback for what the local CommitLog no longer holds.
 
-One record of :data:`TOPIC` (a normal message record, :mod:`raftlog.record`)::
+One record of :data:`TOPIC` (a normal message record, :mod:`chronomq.raftlog.record`)::
 
     msg_id (16 bytes)
     +----------------+----------------+--------------------------------+
@@ -24,7 +24,7 @@ One record of :data:`TOPIC` (a normal message record, :mod:`raftlog.record`)::
     | at first_pos      | at first_pos + 80 |     | (count of them)   |
     +-------------------+-------------------+-----+-------------------+
 
-Each TimerLog record is the 80 bytes :mod:`timer.timerlog` wrote (``encode_record``, its own
+Each TimerLog record is the 80 bytes :mod:`chronomq.timer.timerlog` wrote (``encode_record``, its own
 CRC inside). The records of one body are byte-contiguous in the TimerLog: a body never spans a
 TimerLog segment boundary (records never do, and the skipped tail of a segment starts a new
 body) and holds at most :data:`MAX_RECORDS_PER_MESSAGE`. Bodies follow one another in
@@ -43,15 +43,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from raftlog import record
-from raftlog.applycheck import QueueCount, RecordFacts
-from raftlog.errors import StoreCorruption
-from raftlog.extension import DerivedRecord
-from timer.errors import TimerCorruptionError
-from timer.timerlog import RECORD_SIZE, TimerLog, decode_record
+from chronomq.raftlog import record
+from chronomq.raftlog.applycheck import QueueCount, RecordFacts
+from chronomq.raftlog.errors import StoreCorruption
+from chronomq.raftlog.extension import DerivedRecord
+from chronomq.timer.errors import TimerCorruptionError
+from chronomq.timer.timerlog import RECORD_SIZE, TimerLog, decode_record
 
 if TYPE_CHECKING:
-    from raftlog.store import Store
+    from chronomq.raftlog.store import Store
 
 log = logging.getLogger(__name__)
 

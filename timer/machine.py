@@ -1,29 +1,29 @@
 """The timer's apply extension: what every replica does when a timer command is applied.
 
-The leader proposes timer commands (:mod:`timer.service`); each is a JSON payload applied by
+The leader proposes timer commands (:mod:`chronomq.timer.service`); each is a JSON payload applied by
 :meth:`TimerMachine.apply` on every replica, in log order, as a
-:class:`raftlog.extension.ApplyExtension`. A payload may hold, applied in this order:
+:class:`chronomq.raftlog.extension.ApplyExtension`. A payload may hold, applied in this order:
 
 ``switch``  ``{"stop_enqueue": bool, "stop_dequeue": bool}``: cluster-wide runtime switches.
 ``enq``     a timer-topic ConsumeQueue offset: put every timer message below it (at most
             :data:`MAX_ENQUEUE_PER_COMMAND` per command) into the TimerLog and wheel with
-            :func:`timer.enqueue.enqueue`, its store time as "now" and the committed cursor;
+            :func:`chronomq.timer.enqueue.enqueue`, its store time as "now" and the committed cursor;
             one already due (its slot read) is delivered by this same apply.
-``cancel``  ``[[msg_id_hex, deliver_ms], ...]``: :func:`timer.cancel.decide_cancel` answers
+``cancel``  ``[[msg_id_hex, deliver_ms], ...]``: :func:`chronomq.timer.cancel.decide_cancel` answers
             each; a cancel that must be kept is stored as a timer-topic record and put into
             the wheel at once (its slot's cancel chain), so no later delivery can miss it.
-``span``    nine integers, a :class:`timer.dequeue.DequeueSpan` the leader planned:
-            :meth:`timer.dequeue.DequeuePlanner.replay` walks it again over this replica's
+``span``    nine integers, a :class:`chronomq.timer.dequeue.DequeueSpan` the leader planned:
+            :meth:`chronomq.timer.dequeue.DequeuePlanner.replay` walks it again over this replica's
             TimerLog; unless stale, the DELIVER items are written to their real topics, the
             cursor becomes the span's end, and then the REPUT items go back into the timer
             topic (roll count + 1), to be enqueued by a later command.
 
 Every apply that appends TimerLog records also appends, last, their bytes to the system topic
-``rmq_sys_timer_log`` (:mod:`timer.logtopic`), stamped with the command's propose time: the
+``rmq_sys_timer_log`` (:mod:`chronomq.timer.logtopic`), stamped with the command's propose time: the
 TimerLog can then be rebuilt from the node's own CommitLog (:meth:`TimerMachine.attach`).
 
 Everything apply decides comes from the log: the records' store times, the command's propose
-time (the store time of what it writes), the committed state in kv (:mod:`timer.state`). So
+time (the store time of what it writes), the committed state in kv (:mod:`chronomq.timer.state`). So
 every replica writes the same records and ends with the same TimerLog and wheel, and a
 delivery is the cursor moving, once, in a committed command: a new leader neither skips nor
 repeats, and a stale span (another leader moved the cursor) changes nothing.
@@ -42,23 +42,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raftlog import record
-from raftlog.errors import NodeFault
-from raftlog.extension import ApplyContext, DerivedRecord
-from raftlog.store import Store
-from timer import logtopic
-from timer import message as tm
-from timer.cancel import CancelStatus, decide_cancel
-from timer.chains import tombstone_keys
-from timer.config import TimerConfig
-from timer.cursor import ReadCursor
-from timer.dequeue import DequeuePlanner, DequeueSpan, ItemAction
-from timer.enqueue import EnqueueAction, TimerMessage, enqueue
-from timer.errors import InvalidTimerConfig, TimerCorruptionError, TimerStateError
-from timer.files import AlignReport, Fetch, TimerFiles
-from timer.flow import RateMeter
-from timer.state import GEOMETRY, TimerState
-from timer.timerlog import NO_POS, topic_hash, uniq_key_hash
+from chronomq.raftlog import record
+from chronomq.raftlog.errors import NodeFault
+from chronomq.raftlog.extension import ApplyContext, DerivedRecord
+from chronomq.raftlog.store import Store
+from chronomq.timer import logtopic
+from chronomq.timer import message as tm
+from chronomq.timer.cancel import CancelStatus, decide_cancel
+from chronomq.timer.chains import tombstone_keys
+from chronomq.timer.config import TimerConfig
+from chronomq.timer.cursor import ReadCursor
+from chronomq.timer.dequeue import DequeuePlanner, DequeueSpan, ItemAction
+from chronomq.timer.enqueue import EnqueueAction, TimerMessage, enqueue
+from chronomq.timer.errors import InvalidTimerConfig, TimerCorruptionError, TimerStateError
+from chronomq.timer.files import AlignReport, Fetch, TimerFiles
+from chronomq.timer.flow import RateMeter
+from chronomq.timer.state import GEOMETRY, TimerState
+from chronomq.timer.timerlog import NO_POS, topic_hash, uniq_key_hash
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class TimerOutcome:
 
 
 class TimerMachine:
-    """The :class:`~raftlog.extension.ApplyExtension` of the timer (see the module docstring).
+    """The :class:`~chronomq.raftlog.extension.ApplyExtension` of the timer (see the module docstring).
 
     ``lock`` guards the files and the mirrored state: apply and attach take it on the Raft
     thread, the leader's planner takes it to read the wheel and TimerLog.

@@ -30,11 +30,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from raftlog import record
-from raftlog.applycheck import RecordFacts
-from raftlog.consumequeue import tags_hash
-from raftlog.errors import InvalidInput
-from raftlog.extension import DerivedRecord
+from chronomq.raftlog import record
+from chronomq.raftlog.applycheck import RecordFacts
+from chronomq.raftlog.consumequeue import tags_hash
+from chronomq.raftlog.errors import InvalidInput
+from chronomq.raftlog.extension import DerivedRecord
 
 TIMER_TOPIC: Final = "rmq_sys_wheel_timer"
 TIMER_QUEUE: Final = 0
@@ -151,7 +151,7 @@ def produced_problem(
 def apply_rule(
     facts: RecordFacts, queue_count: Callable[[str], int | None]
 ) -> tuple[str, str] | None:
-    """The apply rule for records of :data:`TIMER_TOPIC` (:mod:`raftlog.applycheck`)."""
+    """The apply rule for records of :data:`TIMER_TOPIC` (:mod:`chronomq.raftlog.applycheck`)."""
     problem = produced_problem(facts.properties, queue_count)
     if problem is None:
         return None

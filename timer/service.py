@@ -1,16 +1,16 @@
 """The timer service: the leader's dequeue/enqueue driver, the produce rewrite and cancel.
 
-The deterministic part lives in :mod:`timer.machine` (the apply extension every replica runs);
+The deterministic part lives in :mod:`chronomq.timer.machine` (the apply extension every replica runs);
 this module decides *when* to propose what, on the leader only:
 
 * **Driver thread** (``timer-driver``, a plain thread: planning reads files and must not stall
   the HTTP loop). While this node is the confirmed leader it loops: it plans a dequeue batch
   from the cursor (the last one proposed, or the committed one) with the leader's clock,
-  :meth:`~timer.dequeue.DequeuePlanner.plan`, and proposes ``{"enq", "span"}``: enqueue what
+  :meth:`~chronomq.timer.dequeue.DequeuePlanner.plan`, and proposes ``{"enq", "span"}``: enqueue what
   the timer topic holds, then deliver the span. Up to ``max_inflight`` commands are in flight,
   each planned from where the previous one will leave the cursor (a pipeline, so Raft round
   trips overlap with planning). A command found stale or failed, a timeout or a
-  :class:`~timer.errors.StaleCursor` drains the pipeline and planning restarts from the
+  :class:`~chronomq.timer.errors.StaleCursor` drains the pipeline and planning restarts from the
   committed cursor: duplicates are impossible (apply delivers only from the committed
   cursor), so resyncing is always safe. When nothing is due it sleeps until the next slot's
   last millisecond; a commit that grows the timer topic wakes it to propose an enqueue.
@@ -18,14 +18,14 @@ this module decides *when* to propose what, on the leader only:
   ``idle_advance_ms`` (2 s), so an idle cluster does not commit ten commands a second.
 * **Produce** (:meth:`TimerService.produce_hook`, on the HTTP loop of the leader): checks the
   deliver time (at most ``timer_max_delay_sec`` ahead; a past time means now), the slot's
-  congestion (:mod:`timer.flow`, 429), and rewrites the message into the timer topic with a
-  timer message id (:mod:`timer.message`).
+  congestion (:mod:`chronomq.timer.flow`, 429), and rewrites the message into the timer topic with a
+  timer message id (:mod:`chronomq.timer.message`).
 * **Cancel** and **switches**: one command each, answered from the apply outcome.
 
 **Leadership.** The driver is one piece of leader-only work (``timer``) owned by
-:class:`raftlog.leadership.Leadership`, which the log feeds with confirmed terms (a barrier
+:class:`chronomq.raftlog.leadership.Leadership`, which the log feeds with confirmed terms (a barrier
 committed in the term, so every earlier timer command is applied here and the committed cursor
-is current). The owner hands the driver a :class:`~raftlog.leadership.TermToken` for a term; the
+is current). The owner hands the driver a :class:`~chronomq.raftlog.leadership.TermToken` for a term; the
 driver thread takes it up at its next step and does leader work only while that token is
 current: every proposal checks it. When the term ends the driver, at its next step (the owner
 wakes it), drops its in-flight commands and cursors, counts its loop stopped and tells the
@@ -44,7 +44,7 @@ Observer: ``on_delivered(items, delivered_ms)`` is called **on the node that lea
 delivery is applied**, from the driver thread, shortly after the apply (never on the Raft
 thread); ``items`` are ``(msg_id_hex, real_topic, store_ms_of_timer_message, due_ms)`` and
 ``delivered_ms`` is the store time of the delivered copies. If the observer falls behind by
-more than :data:`timer.machine.OBSERVED_ITEMS` messages, the oldest notices are dropped and
+more than :data:`chronomq.timer.machine.OBSERVED_ITEMS` messages, the oldest notices are dropped and
 counted (``observer_dropped``).
 """
 
@@ -65,27 +65,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raftlog import record
-from raftlog.errors import InvalidInput, RaftLogError, UnknownQueue, UnknownTopic
-from raftlog.leadership import Leadership, Piece, TermToken, drive
-from raftlog.node import NewMessage, RaftLog
-from raftlog.store import ApplyResult
-from timer import message as tm
-from timer.config import TimerConfig
-from timer.cursor import ReadCursor
-from timer.dequeue import DequeueBatch, DequeuePlanner
-from timer.enqueue import check_deliver_time
-from timer.errors import InvalidDeliverTime, StaleCursor, TimerStateError
-from timer.flow import check_cancel_room, check_congestion
-from timer.machine import (
+from chronomq.raftlog import record
+from chronomq.raftlog.errors import InvalidInput, RaftLogError, UnknownQueue, UnknownTopic
+from chronomq.raftlog.leadership import Leadership, Piece, TermToken, drive
+from chronomq.raftlog.node import NewMessage, RaftLog
+from chronomq.raftlog.store import ApplyResult
+from chronomq.timer import message as tm
+from chronomq.timer.config import TimerConfig
+from chronomq.timer.cursor import ReadCursor
+from chronomq.timer.dequeue import DequeueBatch, DequeuePlanner
+from chronomq.timer.enqueue import check_deliver_time
+from chronomq.timer.errors import InvalidDeliverTime, StaleCursor, TimerStateError
+from chronomq.timer.flow import check_cancel_room, check_congestion
+from chronomq.timer.machine import (
     MAX_ENQUEUE_PER_COMMAND,
     NAME,
     DeliveredItem,
     TimerMachine,
     TimerOutcome,
 )
-from timer.state import TimerState
-from timer.wheel import Slot
+from chronomq.timer.state import TimerState
+from chronomq.timer.wheel import Slot
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ class TimerService:
 
     def close(self) -> None:
         """Stop the driver. The files stay open until the log closes (the Raft thread may still
-        apply timer commands until then); :meth:`raftlog.store.Store.close` closes them."""
+        apply timer commands until then); :meth:`chronomq.raftlog.store.Store.close` closes them."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -605,7 +605,7 @@ class TimerService:
     def read_log(self, start: int, end: int) -> tuple[bytes, int]:
         """Records ``[start, end)`` of this node's TimerLog (at most :data:`FETCH_MAX_RECORDS`)
         for a peer completing its own; any thread."""
-        from timer.timerlog import read_records
+        from chronomq.timer.timerlog import read_records
 
         files = self.machine.files
         have = files.log.end_pos
@@ -650,8 +650,8 @@ class TimerService:
         ``cancelled`` or ``unknown`` (not in its slot: rolling, a lap old, or not enqueued
         yet), with its deliver time and, when found, where its stored record is.
         ``None`` when ``msg_id`` is not a timer message id."""
-        from timer.chains import find_message, tombstone_keys
-        from timer.timerlog import uniq_key_hash
+        from chronomq.timer.chains import find_message, tombstone_keys
+        from chronomq.timer.timerlog import uniq_key_hash
 
         deliver_ms = tm.timer_id_deliver_ms(msg_id)
         if deliver_ms is None:
@@ -686,8 +686,8 @@ class TimerService:
     def due_histogram(self, span_ms: int, buckets: int) -> dict[str, Any]:
         """What falls due in the next ``span_ms`` by bucket, from this node's wheel (any
         thread: each slot is read under the machine's lock, so apply waits at most one read).
-        See :mod:`timer.histogram`."""
-        from timer.histogram import due_histogram
+        See :mod:`chronomq.timer.histogram`."""
+        from chronomq.timer.histogram import due_histogram
 
         machine = self.machine
 

@@ -13,7 +13,7 @@ Rules the rest of the timer relies on:
 - Slots the read cursor has not passed, ``[cursor, cursor + window_ms)``, occupy distinct cells;
   a slot at or beyond ``cursor + window_ms`` would overwrite an unread one and must roll instead.
 - The roll window, ``roll_window_slots`` slots from the slot of ``now``, bounds how far ahead a
-  message may be put into the wheel; further out it rolls (see :mod:`timer.enqueue`).
+  message may be put into the wheel; further out it rolls (see :mod:`chronomq.timer.enqueue`).
 
 Everything here is integer arithmetic on milliseconds: no clock is read.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from timer.errors import InvalidTimerConfig
+from chronomq.timer.errors import InvalidTimerConfig
 
 MIN_PRECISION_MS = 10
 MAX_PRECISION_MS = 1000

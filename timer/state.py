@@ -4,7 +4,7 @@ Every field here changes only inside the apply of a timer command, identically o
 replica, and kv is part of the thin snapshot, so a restarted node or one that installed a
 snapshot has exactly the state the log says. The timer's files (TimerLog, wheel) are derived
 from it and re-aligned to :attr:`TimerState.log_end` when the node attaches
-(:mod:`timer.files`).
+(:mod:`chronomq.timer.files`).
 
 =======================  ================================================================
 kv key                   value
@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from timer.cursor import ReadCursor
+from chronomq.timer.cursor import ReadCursor
 
 PREFIX = "timer/"
 CURSOR = "timer/cur"

@@ -1,7 +1,7 @@
 """TimerLog: append-only segment files of fixed-size records, one per timer message in the wheel.
 
 A record does not hold the message, only where it lives in the CommitLog, plus the position of
-the previous record of the same wheel-slot chain: each slot of :mod:`timer.wheel` points at the
+the previous record of the same wheel-slot chain: each slot of :mod:`chronomq.timer.wheel` points at the
 newest record of its chain and the records link backwards from there.
 
 Record layout (80 bytes, big-endian, ``_RECORD``)::
@@ -33,7 +33,7 @@ record waits in ``slot_ms`` to be re-put into the CommitLog, its ``deliver_ms`` 
 the roll window. ``slot_ms`` equals the slot of ``deliver_ms`` unless ROLLED.
 
 Every record is also copied, by the same apply that appends it, into the CommitLog (system
-topic ``rmq_sys_timer_log``, see :mod:`timer.logtopic`), so a node rebuilds a lost or short
+topic ``rmq_sys_timer_log``, see :mod:`chronomq.timer.logtopic`), so a node rebuilds a lost or short
 TimerLog from its own CommitLog.
 
 Positions are byte offsets in one logical stream cut into segments of ``segment_bytes``; the
@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from enum import IntFlag
 from pathlib import Path
 
-from timer.errors import (
+from chronomq.timer.errors import (
     BadMagic,
     ChainBroken,
     ChecksumMismatch,

@@ -31,7 +31,7 @@ messages of this slot. A cell holding another lap (``slot_ms`` differs) reads as
 Reads go through a shared read-only memory map. Writes are kept in memory until
 :meth:`TimerWheel.flush`, which writes them with ``pwrite`` and fsyncs, so the file never points
 at TimerLog records that were not flushed first (flush the TimerLog, then the wheel; see
-:func:`timer.checkpoint.persist`). Not thread-safe: the owner serialises calls.
+:func:`chronomq.timer.checkpoint.persist`). Not thread-safe: the owner serialises calls.
 """
 
 from __future__ import annotations
@@ -43,16 +43,16 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from timer.durable import replace_durably
-from timer.errors import (
+from chronomq.timer.durable import replace_durably
+from chronomq.timer.errors import (
     BadMagic,
     ChecksumMismatch,
     TimerConfigMismatch,
     TimerCorruptionError,
     TimerStateError,
 )
-from timer.slots import SlotGeometry
-from timer.timerlog import NO_POS
+from chronomq.timer.slots import SlotGeometry
+from chronomq.timer.timerlog import NO_POS
 
 WHEEL_MAGIC = b"CQTW"
 WHEEL_VERSION = 1

@@ -10,8 +10,8 @@ Messages never handed out are not held: retention deletes them as RocketMQ's doe
 
 from __future__ import annotations
 
-from cluster.pop import state
-from raftlog.store import Store
+from chronomq.cluster.pop import state
+from chronomq.raftlog.store import Store
 
 
 def _unit_offset(store: Store, topic: str, queue: int, offset: int) -> int | None:

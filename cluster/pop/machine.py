@@ -1,14 +1,14 @@
 """The pop apply extension (``pop``): what every replica does with a pop command.
 
 Decodes the command (see the package docstring for the payloads), loads the touched queues'
-state from kv, runs :mod:`cluster.pop.core` with the command's propose time and Raft index,
+state from kv, runs :mod:`chronomq.cluster.pop.core` with the command's propose time and Raft index,
 writes the CK timer messages and DLQ copies as derived records, and stores the state back, all
 in one apply. Total: a payload or item that breaks a rule is answered ``invalid`` (counted,
 logged), never raised; only a fault of this node escapes.
 
 What apply reads of the store is the committed log: queue max offsets, ConsumeQueue units (tags
 codes, for a filter; ConsumeQueue files are never deleted), the revive topic and, for a DLQ
-copy, the original record (both kept by retention, :mod:`cluster.pop.hold`). It never uses this
+copy, the original record (both kept by retention, :mod:`chronomq.cluster.pop.hold`). It never uses this
 node's retention view (the queue's min offset differs between replicas while their retention
 runs at different moments): the leader carries its min offsets in the ``pop`` command.
 """
@@ -23,9 +23,9 @@ from typing import Any
 
 import orjson
 
-from cluster.pop import core, state
-from cluster.pop.core import AckStatus, ReviveAction
-from cluster.pop.state import (
+from chronomq.cluster.pop import core, state
+from chronomq.cluster.pop.core import AckStatus, ReviveAction
+from chronomq.cluster.pop.state import (
     MAX_INVISIBLE_MS,
     MAX_ITEMS_PER_COMMAND,
     MAX_POP_MESSAGES,
@@ -39,15 +39,15 @@ from cluster.pop.state import (
     Inflight,
     QueueState,
 )
-from raftlog import record
-from raftlog.consumequeue import tags_hash
-from raftlog.errors import InvalidInput
-from raftlog.extension import ApplyContext, DerivedRecord
-from raftlog.store import Store
-from schedule import properties as sprops
-from schedule.errors import InvalidRetryRequest
-from schedule.retry import dlq_topic
-from timer import message as tm
+from chronomq.raftlog import record
+from chronomq.raftlog.consumequeue import tags_hash
+from chronomq.raftlog.errors import InvalidInput
+from chronomq.raftlog.extension import ApplyContext, DerivedRecord
+from chronomq.raftlog.store import Store
+from chronomq.schedule import properties as sprops
+from chronomq.schedule.errors import InvalidRetryRequest
+from chronomq.schedule.retry import dlq_topic
+from chronomq.timer import message as tm
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class _Queues:
 
 
 class PopMachine:
-    """The :class:`~raftlog.extension.ApplyExtension` of pop consumption."""
+    """The :class:`~chronomq.raftlog.extension.ApplyExtension` of pop consumption."""
 
     def __init__(self) -> None:
         self.stats = PopStats()

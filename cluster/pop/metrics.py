@@ -1,16 +1,16 @@
 """Prometheus metrics of pop consumption, in the form ``cluster/disk.py`` uses: the caller's
 registry and a list of collectors run before each scrape (``cluster.api.create_app`` calls
 ``install_metrics(registry, collectors, broker.pop)``). Consumer-group lag, pop included, is
-:class:`cluster.nodemetrics.GroupLagCollector`'s."""
+:class:`chronomq.cluster.nodemetrics.GroupLagCollector`'s."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from cluster.pop.service import PopService
+from chronomq.cluster.pop.service import PopService
 
-#: What apply counts (:class:`cluster.pop.machine.PopStats`), exported with these labels.
+#: What apply counts (:class:`chronomq.cluster.pop.machine.PopStats`), exported with these labels.
 APPLIED = (
     "popped",
     "ack",

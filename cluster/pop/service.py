@@ -1,27 +1,27 @@
 """The leader's side of pop consumption: the API the RocketMQ gRPC layer calls, and the revive
 driver.
 
-API (call on the leader; a follower's proposal fails with :class:`raftlog.errors.NotLeader`,
+API (call on the leader; a follower's proposal fails with :class:`chronomq.raftlog.errors.NotLeader`,
 which the caller forwards as it does for produce). Every call validates at once and raises
-:class:`PopError` (a bad argument, an unknown topic) or :class:`~cluster.pop.handle.InvalidHandle`
+:class:`PopError` (a bad argument, an unknown topic) or :class:`~chronomq.cluster.pop.handle.InvalidHandle`
 (a handle that does not verify) before anything is proposed; otherwise it returns a
 :class:`concurrent.futures.Future` of a typed answer, resolved once the command is committed
 and applied on this node (wrap it with ``asyncio.wrap_future`` and bound the wait: pysyncobj may
 never answer, and an unanswered receive only leaves its messages invisible until they revive).
 The answer is built by the thread that completes the commit (pysyncobj's, on a real node): for
-a receive that is reading at most :data:`~cluster.pop.state.MAX_POP_MESSAGES` records and
+a receive that is reading at most :data:`~chronomq.cluster.pop.state.MAX_POP_MESSAGES` records and
 signing their handles.
 
 * :meth:`PopService.receive` -> ``list[Popped]``: one ``pop`` command; the messages are read
   from this node's store once applied. Long polling is the caller's: call again when the topic
   grows (:meth:`PopService.visible` says whether anything could be handed out now).
 * :meth:`PopService.ack` -> ``list[AckResult]`` (one command for up to
-  :data:`~cluster.pop.state.MAX_ITEMS_PER_COMMAND` handles).
+  :data:`~chronomq.cluster.pop.state.MAX_ITEMS_PER_COMMAND` handles).
 * :meth:`PopService.change_invisible` -> :class:`ChangeResult` with a new handle.
 * :meth:`PopService.forward_to_dlq` -> :class:`ForwardResult`.
 
 Revive driver: leader-only work ``pop-revive`` registered with the node's
-:class:`raftlog.leadership.Leadership`. While its term token is current it proposes one
+:class:`chronomq.raftlog.leadership.Leadership`. While its term token is current it proposes one
 ``revive`` command at a time whenever the revive topic holds CKs beyond the committed
 ``pop/revive`` offset (the timer delivered them); it wakes when a commit grows that topic on the
 leader. :meth:`PopService.step` is one turn (tests call it with a fake clock); :meth:`start`
@@ -40,10 +40,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final, TypeVar
 
-from cluster.pop import core
-from cluster.pop.core import AckStatus
-from cluster.pop.handle import Handle, HandleCodec
-from cluster.pop.machine import (
+from chronomq.cluster.pop import core
+from chronomq.cluster.pop.core import AckStatus
+from chronomq.cluster.pop.handle import Handle, HandleCodec
+from chronomq.cluster.pop.machine import (
     MAX_FILTER_TAGS,
     NAME,
     ItemsOutcome,
@@ -53,7 +53,7 @@ from cluster.pop.machine import (
     group_problem,
     topic_problem,
 )
-from cluster.pop.state import (
+from chronomq.cluster.pop.state import (
     MAX_INVISIBLE_MS,
     MAX_ITEMS_PER_COMMAND,
     MAX_POP_MESSAGES,
@@ -63,11 +63,11 @@ from cluster.pop.state import (
     REVIVE_QUEUE,
     REVIVE_TOPIC,
 )
-from raftlog import record
-from raftlog.errors import RaftLogError
-from raftlog.leadership import Leadership, Piece, TermToken, drive
-from raftlog.node import RaftLog
-from raftlog.store import ApplyResult
+from chronomq.raftlog import record
+from chronomq.raftlog.errors import RaftLogError
+from chronomq.raftlog.leadership import Leadership, Piece, TermToken, drive
+from chronomq.raftlog.node import RaftLog
+from chronomq.raftlog.store import ApplyResult
 
 log = logging.getLogger(__name__)
 

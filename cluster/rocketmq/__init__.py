@@ -3,11 +3,11 @@
 The protocol's messages come from the ``rocketmq-python-client`` package
 (``rocketmq.grpc_protocol``); nothing here copies its ``.proto`` files. Modules, lowest first:
 
-- :mod:`cluster.rocketmq.codes`: our errors (``ApiError`` codes, HTTP statuses) to the protocol's
+- :mod:`chronomq.cluster.rocketmq.codes`: our errors (``ApiError`` codes, HTTP statuses) to the protocol's
   ``Code`` values;
-- :mod:`cluster.rocketmq.credentials`: the ``auth_token`` check on a call's metadata;
-- :mod:`cluster.rocketmq.convert`: a ``SendMessageRequest`` to our produce request, and back;
-- :mod:`cluster.rocketmq.routes`: the members' gRPC addresses and a topic's route;
-- :mod:`cluster.rocketmq.service`: the servicer (thin handlers that call into the broker);
-- :mod:`cluster.rocketmq.endpoint`: the grpcio asyncio server, its limits, TLS and metrics.
+- :mod:`chronomq.cluster.rocketmq.credentials`: the ``auth_token`` check on a call's metadata;
+- :mod:`chronomq.cluster.rocketmq.convert`: a ``SendMessageRequest`` to our produce request, and back;
+- :mod:`chronomq.cluster.rocketmq.routes`: the members' gRPC addresses and a topic's route;
+- :mod:`chronomq.cluster.rocketmq.service`: the servicer (thin handlers that call into the broker);
+- :mod:`chronomq.cluster.rocketmq.endpoint`: the grpcio asyncio server, its limits, TLS and metrics.
 """

@@ -1,7 +1,7 @@
 """Pop consumption over gRPC: ``ReceiveMessage``, ``AckMessage``, ``ChangeInvisibleDuration``,
 ``ForwardMessageToDeadLetterQueue`` (what ``SimpleConsumer`` and ``PushConsumer`` use).
 
-Each call is one write of :mod:`cluster.api_pop` on the leader (a follower forwards it to the
+Each call is one write of :mod:`chronomq.cluster.api_pop` on the leader (a follower forwards it to the
 leader's ``/v1/groups/{group}/...`` routes, as a send is forwarded), so pop state is replicated
 and a receipt handle from before a failover still acks on the new leader.
 
@@ -35,16 +35,16 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
-from cluster import api_pop, reserved
-from cluster.api_pop import ReceiveArgs
-from cluster.errors import ApiError, bad_request
-from cluster.pop.machine import group_problem
-from cluster.pop.state import MAX_INVISIBLE_MS, MAX_POP_MESSAGES, MIN_INVISIBLE_MS
-from cluster.rocketmq import codes, convert
-from cluster.rocketmq.rpc import ServicerBase, make_status, rpc
-from cluster.rocketmq.telemetry import DEFAULT_LONG_POLLING_MS
-from raftlog import record
-from timer.message import TIMER_OUT_MS
+from chronomq.cluster import api_pop, reserved
+from chronomq.cluster.api_pop import ReceiveArgs
+from chronomq.cluster.errors import ApiError, bad_request
+from chronomq.cluster.pop.machine import group_problem
+from chronomq.cluster.pop.state import MAX_INVISIBLE_MS, MAX_POP_MESSAGES, MIN_INVISIBLE_MS
+from chronomq.cluster.rocketmq import codes, convert
+from chronomq.cluster.rocketmq.rpc import ServicerBase, make_status, rpc
+from chronomq.cluster.rocketmq.telemetry import DEFAULT_LONG_POLLING_MS
+from chronomq.raftlog import record
+from chronomq.timer.message import TIMER_OUT_MS
 
 AUTO_RENEW_INVISIBLE_MS: Final = 60_000
 """Invisible time of a hand-out to a consumer that gave none but asked for ``auto_renew`` (the
@@ -147,9 +147,9 @@ def receive_args(
 
 
 def message_pb(m: dict[str, Any], endpoint_host: str = "") -> pb.Message:
-    """A message for the client: received by pop (as :func:`cluster.api_pop.popped_json`
+    """A message for the client: received by pop (as :func:`chronomq.cluster.api_pop.popped_json`
     gives it, with its receipt handle, attempt and invisible time) or pulled by offset (as
-    :func:`cluster.pull.message_json` gives it: no receipt handle, and the attempt is
+    :func:`chronomq.cluster.pull.message_json` gives it: no receipt handle, and the attempt is
     ``reconsume_times + 1``, as the RocketMQ proxy answers a pull)."""
     props: dict[str, str] = dict(m.get("properties") or {})
     if m.get("body_base64") is not None:

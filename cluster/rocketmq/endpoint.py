@@ -9,7 +9,7 @@ client pings at most every :data:`MIN_CLIENT_PING_MS`. The port is never shared
 (``SO_REUSEPORT`` off), so a second process on it fails to start instead of splitting calls.
 
 With ``tls_cert_file`` and ``tls_key_file`` the endpoint speaks TLS only (the HTTP API's
-certificate); with ``auth_token`` every call needs it (:mod:`cluster.rocketmq.credentials`),
+certificate); with ``auth_token`` every call needs it (:mod:`chronomq.cluster.rocketmq.credentials`),
 else the call fails with gRPC's ``UNAUTHENTICATED`` before its handler runs.
 """
 
@@ -23,11 +23,11 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter
 from rocketmq.grpc_protocol import service_pb2_grpc as spb_grpc
 
-from cluster.broker import Broker
-from cluster.config import ConfigError, NodeConfig
-from cluster.rocketmq.credentials import call_is_authorized
-from cluster.rocketmq.metrics import GrpcMetrics
-from cluster.rocketmq.service import MessagingService
+from chronomq.cluster.broker import Broker
+from chronomq.cluster.config import ConfigError, NodeConfig
+from chronomq.cluster.rocketmq.credentials import call_is_authorized
+from chronomq.cluster.rocketmq.metrics import GrpcMetrics
+from chronomq.cluster.rocketmq.service import MessagingService
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """What every handler of the servicer shares: the Status of an answer, the :func:`rpc` wrapper
 of unary handlers, and :class:`ServicerBase` (the broker, the metrics, and running a write on
 the leader or forwarding it to the leader's HTTP API). The handlers themselves are in
-:mod:`cluster.rocketmq.service` (routing, session, producer), :mod:`cluster.rocketmq.consume`
-(pop consumption) and :mod:`cluster.rocketmq.offsets` (offset-based pulls)."""
+:mod:`chronomq.cluster.rocketmq.service` (routing, session, producer), :mod:`chronomq.cluster.rocketmq.consume`
+(pop consumption) and :mod:`chronomq.cluster.rocketmq.offsets` (offset-based pulls)."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ import aiohttp
 import orjson
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from cluster import reserved
-from cluster.broker import Broker
-from cluster.errors import ApiError, from_exception
-from cluster.rocketmq import codes, routes
-from cluster.rocketmq.metrics import GrpcMetrics
-from raftlog import record
+from chronomq.cluster import reserved
+from chronomq.cluster.broker import Broker
+from chronomq.cluster.errors import ApiError, from_exception
+from chronomq.cluster.rocketmq import codes, routes
+from chronomq.cluster.rocketmq.metrics import GrpcMetrics
+from chronomq.raftlog import record
 
 log = logging.getLogger(__name__)
 

@@ -1,17 +1,17 @@
 """The ``MessagingService`` servicer: routing, the session RPCs and the producer side.
 
-Every unary call answers with the protocol's ``Status`` (:mod:`cluster.rocketmq.codes`); an
+Every unary call answers with the protocol's ``Status`` (:mod:`chronomq.cluster.rocketmq.codes`); an
 unexpected exception is logged and answered ``INTERNAL_ERROR``, never as a bare gRPC failure
 or a stack trace. Writes go to the leader: on the leader through :meth:`Broker.produce` (the
 HTTP API's path: validation, group commit, ops logs, idempotency), on a follower forwarded to
-the leader's HTTP API (:class:`cluster.peerhttp.PeerHttp`), as the HTTP API forwards. While no
+the leader's HTTP API (:class:`chronomq.cluster.peerhttp.PeerHttp`), as the HTTP API forwards. While no
 leader is known (an election), a call waits for one within its deadline instead of failing at
 once, so the official clients' few attempts outlast a failover.
 
 Pop consumption (``ReceiveMessage``, ``AckMessage``, ``ChangeInvisibleDuration``,
-``ForwardMessageToDeadLetterQueue``) is :mod:`cluster.rocketmq.consume`; the offset RPCs
+``ForwardMessageToDeadLetterQueue``) is :mod:`chronomq.cluster.rocketmq.consume`; the offset RPCs
 (``PullMessage``, ``UpdateOffset``, ``GetOffset``, ``QueryOffset``) are
-:mod:`cluster.rocketmq.offsets`; transactions and lite subscriptions answer ``UNSUPPORTED``.
+:mod:`chronomq.cluster.rocketmq.offsets`; transactions and lite subscriptions answer ``UNSUPPORTED``.
 The ``message_id`` a consumer sees is the stored ``UNIQ_KEY`` property
 (:data:`convert.UNIQ_KEY`), else our ``msg_id``, so it matches the producer's receipt.
 """
@@ -28,14 +28,14 @@ import orjson
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol import service_pb2_grpc as spb_grpc
 
-from cluster import reserved
-from cluster.errors import ApiError
-from cluster.idempotency import FIELD as IDEMPOTENCY_HEADER
-from cluster.rocketmq import convert, routes, telemetry
-from cluster.rocketmq.consume import ConsumeRpcs
-from cluster.rocketmq.offsets import OffsetRpcs
-from cluster.rocketmq.rpc import ServicerBase, make_status, rpc
-from raftlog import record
+from chronomq.cluster import reserved
+from chronomq.cluster.errors import ApiError
+from chronomq.cluster.idempotency import FIELD as IDEMPOTENCY_HEADER
+from chronomq.cluster.rocketmq import convert, routes, telemetry
+from chronomq.cluster.rocketmq.consume import ConsumeRpcs
+from chronomq.cluster.rocketmq.offsets import OffsetRpcs
+from chronomq.cluster.rocketmq.rpc import ServicerBase, make_status, rpc
+from chronomq.raftlog import record
 
 MAX_TELEMETRY_COMMANDS: Final = 10_000
 """Commands one Telemetry stream may send before the server closes it (clients send one per

@@ -5,7 +5,7 @@ client must use: for a producer the largest body (``max_message_size``) and its 
 policy, for a consumer the long-polling time (bounded by ``max_wait_ms``), the receive batch
 size and its redelivery back-off: ``max_reconsume_times`` + 1 deliveries of a message, the
 n-th redelivery waiting as long as delay level ``3 + n - 1`` (``message_delay_level``), the
-wait a consumer retry through the HTTP API has (:mod:`schedule.retry`) and RocketMQ's own
+wait a consumer retry through the HTTP API has (:mod:`chronomq.schedule.retry`) and RocketMQ's own
 retry schedule. A push consumer sets a failed message's invisible time to it.
 """
 
@@ -16,10 +16,10 @@ from typing import Final
 from google.protobuf import duration_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from cluster.config import NodeConfig
-from schedule.errors import ScheduleError
-from schedule.levels import DelayLevelTable
-from schedule.retry import FIRST_RETRY_LEVEL
+from chronomq.cluster.config import NodeConfig
+from chronomq.schedule.errors import ScheduleError
+from chronomq.schedule.levels import DelayLevelTable
+from chronomq.schedule.retry import FIRST_RETRY_LEVEL
 
 SEND_MAX_ATTEMPTS: Final = 5
 """Attempts a producer makes per send: enough to outlast a leader election, and safe because a

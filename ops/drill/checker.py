@@ -48,7 +48,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ops.stats import percentile
+from chronomq.ops.stats import percentile
 
 SAFETY = ("lost", "duplicated", "early", "unexpected", "cancelled_delivered")
 
@@ -151,7 +151,7 @@ def _summary(values: list[float]) -> dict[str, float | int | None]:
 def check(
     records: Iterable[Mapping[str, Any]], *, skew_allowance_ms: int = 0, delivery: str = "pull"
 ) -> CheckResult:
-    """Check a history (records as :mod:`ops.drill.history` writes them). ``delivery`` is
+    """Check a history (records as :mod:`chronomq.ops.drill.history` writes them). ``delivery`` is
     ``"pull"`` (the HTTP workload reads queues by offset) or ``"pop"`` (the gRPC workload
     receives and acks)."""
     if delivery not in ("pull", "pop"):

@@ -30,10 +30,10 @@ from typing import Any
 
 import aiohttp
 
-from ops.drill import admin
-from ops.drill.admin import Answer, LeaderWatch
-from ops.drill.context import FaultContext
-from ops.drill.history import now_ms
+from chronomq.ops.drill import admin
+from chronomq.ops.drill.admin import Answer, LeaderWatch
+from chronomq.ops.drill.context import FaultContext
+from chronomq.ops.drill.history import now_ms
 
 TRANSFERS_MIN = 3
 TRANSFERS_MAX = 5

@@ -1,6 +1,6 @@
 """What every fault receives (:class:`FaultContext`), and the cluster waits they share.
 
-Both :mod:`ops.drill.faults` and :mod:`ops.drill.churn` import from here; nothing here imports
+Both :mod:`chronomq.ops.drill.faults` and :mod:`chronomq.ops.drill.churn` import from here; nothing here imports
 them.
 """
 
@@ -14,9 +14,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.launcher import LocalCluster
-from ops.drill import netns
-from ops.drill.powercut.mount import PowerCutMount
+from chronomq.cluster.launcher import LocalCluster
+from chronomq.ops.drill import netns
+from chronomq.ops.drill.powercut.mount import PowerCutMount
 
 DEFAULT_HOLD_S = 3.0
 

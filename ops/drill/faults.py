@@ -20,10 +20,10 @@ membership         remove a random follower while it runs, check it is dropped a
                    add it back after ``hold_s`` and wait until it has caught up
 power-cut          SIGKILL the leader, then a minority, then every node at once (in turn), drop
                    what their disks had not synced, restart them after ``hold_s`` (root:
-                   every data directory on its own power-cut mount, :mod:`ops.drill.powercut`)
+                   every data directory on its own power-cut mount, :mod:`chronomq.ops.drill.powercut`)
 =================  =========================================================================
 
-The churn faults (``transfer-leader``, ``membership``) live in :mod:`ops.drill.churn`.
+The churn faults (``transfer-leader``, ``membership``) live in :mod:`chronomq.ops.drill.churn`.
 ``power-cut`` is not part of ``all``: with ``flush = async`` losing what the last flush
 interval held is the documented outcome, so it is asked for by name.
 
@@ -39,9 +39,9 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from ops.drill import churn, netns
-from ops.drill.context import DEFAULT_HOLD_S, FaultContext, wait_converged, wait_leader
-from ops.drill.powercut import mount as powercut
+from chronomq.ops.drill import churn, netns
+from chronomq.ops.drill.context import DEFAULT_HOLD_S, FaultContext, wait_converged, wait_leader
+from chronomq.ops.drill.powercut import mount as powercut
 
 __all__ = [
     "ALL_FAULTS",

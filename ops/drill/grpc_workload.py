@@ -11,7 +11,7 @@ request) is ``fail``; any other error, the client's retries used up or no answer
 Consumers are :class:`rocketmq.SimpleConsumer` members of one group: receive (pop), then ack
 each message, through the faults. A few messages are deliberately left unacked, so they come
 back after their invisible time: the revive path runs through the faults too. Every receive
-and every ack is recorded: the checker (:func:`ops.drill.checker.check` with
+and every ack is recorded: the checker (:func:`chronomq.ops.drill.checker.check` with
 ``delivery="pop"``) counts a message acked successfully more than once as duplicated, and a
 message received again after an ack failed or its invisible time passed as redelivered.
 
@@ -48,8 +48,8 @@ from rocketmq.v5.exception import (
     UnauthorizedException,
 )
 
-from ops.drill.history import History, now_ms
-from ops.drill.workload import TOPIC, WorkloadConfig
+from chronomq.ops.drill.history import History, now_ms
+from chronomq.ops.drill.workload import TOPIC, WorkloadConfig
 
 GROUP: Final = "drill-grpc"
 DELAY_PROPERTY: Final = "DELAY"

@@ -16,7 +16,7 @@ is removed when it ends, also on Ctrl-C or failure. The output directory keeps t
 
 ``--client http`` (the default) produces and pulls over the HTTP API; ``--client grpc`` sends
 with the official RocketMQ 5 ``Producer`` and receives and acks with its ``SimpleConsumer``
-(pop consumption), see :mod:`ops.drill.grpc_workload`. The checker is the same.
+(pop consumption), see :mod:`chronomq.ops.drill.grpc_workload`. The checker is the same.
 """
 
 from __future__ import annotations
@@ -32,17 +32,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster.client import Client, ClientError
-from cluster.launcher import LocalCluster, parse_sets
-from cluster.output import print_rows, write_json
-from ops.drill import faults as faultlib
-from ops.drill import netns
-from ops.drill.checker import SAFETY, check
-from ops.drill.grpc_workload import GrpcWorkload
-from ops.drill.history import History, now_ms, read_history
-from ops.drill.powercut import mount as powercut
-from ops.drill.workload import TOPIC, Workload, WorkloadConfig
-from schedule.levels import DelayLevelTable
+from chronomq.cluster.client import Client, ClientError
+from chronomq.cluster.launcher import LocalCluster, parse_sets
+from chronomq.cluster.output import print_rows, write_json
+from chronomq.ops.drill import faults as faultlib
+from chronomq.ops.drill import netns
+from chronomq.ops.drill.checker import SAFETY, check
+from chronomq.ops.drill.grpc_workload import GrpcWorkload
+from chronomq.ops.drill.history import History, now_ms, read_history
+from chronomq.ops.drill.powercut import mount as powercut
+from chronomq.ops.drill.workload import TOPIC, Workload, WorkloadConfig
+from chronomq.schedule.levels import DelayLevelTable
 
 DRILL_SETTINGS = {
     "message_delay_level": "1s 2s 3s 5s",
@@ -61,7 +61,7 @@ def _progress(msg: str) -> None:
 
 def _event_writer(directory: Path) -> Any:
     try:
-        from cluster.logwriter import LogWriter
+        from chronomq.cluster.logwriter import LogWriter
     except ImportError:  # pragma: no cover - ops is always installed with the drill
         return None
     return LogWriter(directory, "drill").start()
@@ -70,7 +70,7 @@ def _event_writer(directory: Path) -> Any:
 def _record_event(writer: Any, detail: dict[str, Any]) -> None:
     if writer is None:
         return
-    from cluster.logschema import EventRecord, EventType
+    from chronomq.cluster.logschema import EventRecord, EventType
 
     writer.write(
         EventRecord(ts_ms=now_ms(), node="drill", type=EventType.DRILL_FAULT, detail=detail)

@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.client import Client, ClientError
-from ops.drill.history import History, now_ms
+from chronomq.cluster.client import Client, ClientError
+from chronomq.ops.drill.history import History, now_ms
 
 TOPIC = "drill"
 QUEUES = 4

@@ -12,7 +12,7 @@ import pytest
 
 import chronomq
 import chronomq.aio
-from cluster.launcher import LocalCluster
+from chronomq.cluster.launcher import LocalCluster
 
 pytestmark = pytest.mark.integration
 

@@ -34,8 +34,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from cluster.config import KEY_BY_NAME, KEYS, ConfigError, Key, load
-from cluster.launcher import LocalCluster
+from chronomq.cluster.config import KEY_BY_NAME, KEYS, ConfigError, Key, load
+from chronomq.cluster.launcher import LocalCluster
 from tests.integration.conftest import dump_logs, free_port_base
 
 pytestmark = pytest.mark.integration
@@ -1095,7 +1095,7 @@ def test_node_with_bad_config_exits_naming_the_key(tmp_path: Path, case: str) ->
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOMQ_")}
     # A node that wrongly accepts the config serves until killed: the timeout fails the test.
     proc = subprocess.run(
-        [sys.executable, "-m", "cluster", "node", "--config", str(config)],
+        [sys.executable, "-m", "chronomq.cluster", "node", "--config", str(config)],
         capture_output=True,
         text=True,
         timeout=30,

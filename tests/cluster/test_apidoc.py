@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from cluster import apidoc, openapi
-from cluster.cli import main
+from chronomq.cluster import apidoc, openapi
+from chronomq.cluster.cli import main
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -1,7 +1,7 @@
 """Apply is total: whatever command is committed, two replicas reach the same state without
 raising, and nothing is written outside their data directories.
 
-Two :class:`raftlog.store.Store` instances, each with the timer's apply extension and the
+Two :class:`chronomq.raftlog.store.Store` instances, each with the timer's apply extension and the
 cluster's record rules (what a node runs), are fed the same commands: commands built from
 random produce requests through the broker's parse path (the edge), random and mutated valid
 ``APPEND`` encodings aimed at the system topics, random bytes, and random timer commands. After
@@ -21,22 +21,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster import reserved
-from cluster.broker import Broker
-from cluster.config import load
-from cluster.errors import ApiError
-from raftlog import command as cmdcodec
-from raftlog import record
-from raftlog.errors import InvalidInput
-from raftlog.node import RaftLog
-from raftlog.store import OK, REJECTED, REJECTED_COUNT_KEY, Store
-from schedule import properties as sp
-from schedule.errors import CallerError
-from schedule.levels import SCHEDULE_TOPIC
-from timer import message as tm
-from timer.errors import TimerCallerError
-from timer.machine import TimerMachine
-from timer.service import timer_config_from
+from chronomq.cluster import reserved
+from chronomq.cluster.broker import Broker
+from chronomq.cluster.config import load
+from chronomq.cluster.errors import ApiError
+from chronomq.raftlog import command as cmdcodec
+from chronomq.raftlog import record
+from chronomq.raftlog.errors import InvalidInput
+from chronomq.raftlog.node import RaftLog
+from chronomq.raftlog.store import OK, REJECTED, REJECTED_COUNT_KEY, Store
+from chronomq.schedule import properties as sp
+from chronomq.schedule.errors import CallerError
+from chronomq.schedule.levels import SCHEDULE_TOPIC
+from chronomq.timer import message as tm
+from chronomq.timer.errors import TimerCallerError
+from chronomq.timer.machine import TimerMachine
+from chronomq.timer.service import timer_config_from
 
 T0 = 1_800_000_000_000
 SEG = 64 * 1024

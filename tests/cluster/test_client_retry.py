@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from cluster.client import MAX_RETRY_AFTER_S, Client, ClientError, _retry_after_s
+from chronomq.cluster.client import MAX_RETRY_AFTER_S, Client, ClientError, _retry_after_s
 
 MakeServer = Callable[..., Awaitable[Any]]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import config, configdoc
+from chronomq.cluster import config, configdoc
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

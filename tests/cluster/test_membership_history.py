@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from cluster.membership import HISTORY_MAX, HistoryEntry, append_history, describe, parse_history
+from chronomq.cluster.membership import (
+    HISTORY_MAX,
+    HistoryEntry,
+    append_history,
+    describe,
+    parse_history,
+)
 
 
 def entry(i: int, action: str = "add") -> HistoryEntry:

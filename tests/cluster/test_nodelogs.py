@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from cluster.client import ConsumedLog, Consumer, consumed_line
-from cluster.config import load
-from cluster.logschema import (
+from chronomq.cluster.client import ConsumedLog, Consumer, consumed_line
+from chronomq.cluster.config import load
+from chronomq.cluster.logschema import (
     EventRecord,
     EventType,
     LatencyRecord,
@@ -20,12 +20,12 @@ from cluster.logschema import (
     Stage,
     decode,
 )
-from cluster.logwriter import keep_sample
-from cluster.nodelogs import NodeLogs, install_metrics, log_dir
-from raftlog import command as cmdcodec
-from raftlog.clock import FakeClock
-from raftlog.record import msg_id_hex
-from raftlog.store import ApplyResult, Placed
+from chronomq.cluster.logwriter import keep_sample
+from chronomq.cluster.nodelogs import NodeLogs, install_metrics, log_dir
+from chronomq.raftlog import command as cmdcodec
+from chronomq.raftlog.clock import FakeClock
+from chronomq.raftlog.record import msg_id_hex
+from chronomq.raftlog.store import ApplyResult, Placed
 
 T0 = 1_700_000_000_000
 

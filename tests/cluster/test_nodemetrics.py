@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
-from cluster.nodemetrics import (
+from chronomq.cluster.nodemetrics import (
     GROUP_LAG_SERIES,
     KIND_LEVEL,
     KIND_TIMER,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.pop import core, state
-from cluster.pop.core import AckStatus, ReviveAction
-from cluster.pop.handle import Handle, HandleCodec, InvalidHandle
-from cluster.pop.state import MAX_ACKED_MEMORY, MAX_HELD, QueueState
-from raftlog.clock import FakeClock
+from chronomq.cluster.pop import core, state
+from chronomq.cluster.pop.core import AckStatus, ReviveAction
+from chronomq.cluster.pop.handle import Handle, HandleCodec, InvalidHandle
+from chronomq.cluster.pop.state import MAX_ACKED_MEMORY, MAX_HELD, QueueState
+from chronomq.raftlog.clock import FakeClock
 
 T0 = 1_700_000_000_000
 INV = 30_000

@@ -11,14 +11,14 @@ from typing import Any, TypeVar
 
 import pytest
 
-from cluster.pop.core import AckStatus
-from cluster.pop.handle import InvalidHandle
-from cluster.pop.machine import NAME
-from cluster.pop.service import ChangeStatus, ForwardStatus, PopError, Popped, PopService
-from cluster.pop.state import REVIVE_TOPIC
-from raftlog.node import NewMessage
-from raftlog.store import Store
-from schedule.retry import dlq_topic
+from chronomq.cluster.pop.core import AckStatus
+from chronomq.cluster.pop.handle import InvalidHandle
+from chronomq.cluster.pop.machine import NAME
+from chronomq.cluster.pop.service import ChangeStatus, ForwardStatus, PopError, Popped, PopService
+from chronomq.cluster.pop.state import REVIVE_TOPIC
+from chronomq.raftlog.node import NewMessage
+from chronomq.raftlog.store import Store
+from chronomq.schedule.retry import dlq_topic
 from tests.timer.fakes import Group
 from tests.timer.test_service import config
 
@@ -203,7 +203,7 @@ def test_a_replayed_log_rebuilds_the_same_pop_state(make: Any, tmp_path: Path) -
     pg.receive(1)
     fresh = Store(tmp_path / "replay", segment_bytes=pg.g.segment_bytes)
     try:
-        from timer.machine import TimerMachine
+        from chronomq.timer.machine import TimerMachine
 
         fresh.register_extension(TimerMachine(tmp_path / "replay-timer", pg.g.config))
         machine = PopService(pg.g.logs[0], SECRET).machine  # type: ignore[arg-type]
@@ -246,7 +246,7 @@ def test_bad_requests_and_handles_are_refused_before_proposing(make: Any) -> Non
 
 
 def test_a_tag_filter_hands_out_only_matching_messages(make: Any) -> None:
-    from raftlog.consumequeue import tags_hash
+    from chronomq.raftlog.consumequeue import tags_hash
 
     pg = make()
     log = pg.g.logs[0]
@@ -266,7 +266,7 @@ def test_a_tag_filter_hands_out_only_matching_messages(make: Any) -> None:
 
 
 def test_retention_keeps_held_messages_and_unread_cks(make: Any) -> None:
-    from cluster.pop.hold import lowest_needed_offset
+    from chronomq.cluster.pop.hold import lowest_needed_offset
 
     pg = make()
     store = pg.g.logs[0].store
@@ -281,8 +281,8 @@ def test_retention_keeps_held_messages_and_unread_cks(make: Any) -> None:
 
 
 def test_producers_may_not_write_to_the_revive_topic() -> None:
-    from cluster import reserved
-    from cluster.errors import ApiError
+    from chronomq.cluster import reserved
+    from chronomq.cluster.errors import ApiError
 
     with pytest.raises(ApiError) as info:
         reserved.check_user_topic(REVIVE_TOPIC)
@@ -303,7 +303,7 @@ def test_a_receive_may_name_one_queue(make: Any) -> None:
 def test_metrics_show_held_messages_and_what_apply_did(make: Any) -> None:
     from prometheus_client import CollectorRegistry
 
-    from cluster.pop.metrics import install_metrics
+    from chronomq.cluster.pop.metrics import install_metrics
 
     pg = make()
     pg.produce("orders", 3)

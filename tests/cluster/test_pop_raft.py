@@ -13,15 +13,15 @@ from typing import TypeVar
 
 import pytest
 
-from cluster.pop.core import AckStatus
-from cluster.pop.service import Popped, PopService
-from raftlog.config import RaftConfig
-from raftlog.errors import RaftLogError
-from raftlog.node import NewMessage, RaftLog
-from raftlog.store import Store
+from chronomq.cluster.pop.core import AckStatus
+from chronomq.cluster.pop.service import Popped, PopService
+from chronomq.raftlog.config import RaftConfig
+from chronomq.raftlog.errors import RaftLogError
+from chronomq.raftlog.node import NewMessage, RaftLog
+from chronomq.raftlog.store import Store
+from chronomq.timer.service import TimerService
 from tests.raftlog._util import free_port, trio_configs, wait_until
 from tests.timer.test_service import config as timer_config
-from timer.service import TimerService
 
 T = TypeVar("T")
 SECRET = b"pop raft test secret"

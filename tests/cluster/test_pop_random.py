@@ -11,10 +11,10 @@ import heapq
 import random
 from dataclasses import dataclass
 
-from cluster.pop import core
-from cluster.pop.core import AckStatus, ReviveAction
-from cluster.pop.state import QueueState
-from raftlog.clock import FakeClock
+from chronomq.cluster.pop import core
+from chronomq.cluster.pop.core import AckStatus, ReviveAction
+from chronomq.cluster.pop.state import QueueState
+from chronomq.raftlog.clock import FakeClock
 
 T0 = 1_700_000_000_000
 MRT = 3

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cluster.pop.core import AckStatus
-from cluster.pop.service import ChangeStatus, ForwardStatus, Popped
-from raftlog.node import NewMessage
+from chronomq.cluster.pop.core import AckStatus
+from chronomq.cluster.pop.service import ChangeStatus, ForwardStatus, Popped
+from chronomq.raftlog.node import NewMessage
 from tests.cluster.test_pop_machine import PopGroup
 
 GROUPS = ("g1", "g2")

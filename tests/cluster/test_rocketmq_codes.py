@@ -15,11 +15,11 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.v5.util.messaging_result_checker import MessagingResultChecker
 
-from cluster.config import NodeConfig, Peer, load
-from cluster.errors import ApiError
-from cluster.rocketmq import codes, convert, credentials, routes, telemetry
-from raftlog import errors as rl
-from timer.errors import DelayTooLong, SlotCongested
+from chronomq.cluster.config import NodeConfig, Peer, load
+from chronomq.cluster.errors import ApiError
+from chronomq.cluster.rocketmq import codes, convert, credentials, routes, telemetry
+from chronomq.raftlog import errors as rl
+from chronomq.timer.errors import DelayTooLong, SlotCongested
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 Code = pb.Code

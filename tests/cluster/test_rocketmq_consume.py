@@ -9,8 +9,8 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.v5.model import Message as ClientMessage
 
-from cluster.errors import ApiError
-from cluster.rocketmq import consume
+from chronomq.cluster.errors import ApiError
+from chronomq.cluster.rocketmq import consume
 
 
 def request(**kw: object) -> spb.ReceiveMessageRequest:
@@ -126,7 +126,7 @@ def test_a_received_message_as_the_official_client_reads_it() -> None:
 
 
 def test_a_push_consumer_is_assigned_the_whole_topic() -> None:
-    from cluster.rocketmq import routes
+    from chronomq.cluster.rocketmq import routes
 
     members = [routes.GrpcAddress("127.0.0.1", 8180), routes.GrpcAddress("127.0.0.1", 8181)]
     (one,) = routes.assignments(pb.Resource(name="orders"), members)

@@ -10,10 +10,10 @@ from google.protobuf import duration_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
-from cluster.errors import ApiError, from_exception
-from cluster.rocketmq import codes
-from cluster.rocketmq.consume import message_pb
-from cluster.rocketmq.offsets import (
+from chronomq.cluster.errors import ApiError, from_exception
+from chronomq.cluster.rocketmq import codes
+from chronomq.cluster.rocketmq.consume import message_pb
+from chronomq.cluster.rocketmq.offsets import (
     DEFAULT_PULL_BATCH,
     PULL_DEADLINE_MARGIN_S,
     first_at_or_after,

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from cluster import runtimeconfig as rc
-from cluster.broker import GROUP_OFFSET_PREFIX, MEMBER_PREFIX, group_offset_key
-from cluster.config import KEY_BY_NAME, KEYS, NodeConfig, load
-from cluster.errors import ApiError
-from schedule.service import MODE_KEY
-from timer.state import STOP_DEQUEUE, STOP_ENQUEUE
+from chronomq.cluster import runtimeconfig as rc
+from chronomq.cluster.broker import GROUP_OFFSET_PREFIX, MEMBER_PREFIX, group_offset_key
+from chronomq.cluster.config import KEY_BY_NAME, KEYS, NodeConfig, load
+from chronomq.cluster.errors import ApiError
+from chronomq.schedule.service import MODE_KEY
+from chronomq.timer.state import STOP_DEQUEUE, STOP_ENQUEUE
 
 GOOD = {
     "log_level": "error",

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster.config import ConfigError
-from cluster.server import run
-from cluster.tls import client_context, server_context
+from chronomq.cluster.config import ConfigError
+from chronomq.cluster.server import run
+from chronomq.cluster.tls import client_context, server_context
 from tests.selfsigned import self_signed
 
 

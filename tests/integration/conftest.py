@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from cluster.launcher import LocalCluster
+from chronomq.cluster.launcher import LocalCluster
 
 
 def _bindable(port: int) -> bool:
@@ -129,7 +129,7 @@ async def pull_applied(
     """The messages a pull returns, or none while the node asked (any node: a follower) has
     not applied the topic's creation yet (404 ``unknown_topic``): for ``wait_for`` loops that
     read right after a write created the topic."""
-    from cluster.client import ClientError
+    from chronomq.cluster.client import ClientError
 
     try:
         page = await client.pull(topic, queue, offset, max_messages, **kw)

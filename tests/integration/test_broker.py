@@ -11,8 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cluster.client import Client, ClientError
-from cluster.launcher import LocalCluster
+from chronomq.cluster.client import Client, ClientError
+from chronomq.cluster.launcher import LocalCluster
 from tests.integration.conftest import dump_logs, wait_for
 
 pytestmark = pytest.mark.integration
@@ -105,7 +105,14 @@ def test_offsets_survive_failover_and_writes_resume_after_sigkill(make_cluster: 
                 assert [(o["queue"], o["offset"]) for o in offsets] == [(0, 3), (1, 5)]
         new_leader = cluster.wait_leader(30, among=followers(cluster, leader))
         status = subprocess.run(
-            [sys.executable, "-m", "cluster", "status", "--url", cluster.http_url(new_leader)],
+            [
+                sys.executable,
+                "-m",
+                "chronomq.cluster",
+                "status",
+                "--url",
+                cluster.http_url(new_leader),
+            ],
             capture_output=True,
             text=True,
             timeout=30,
@@ -156,7 +163,7 @@ def test_every_admin_endpoint_answers(make_cluster: Any) -> None:
 
 
 def test_batching_producer_and_consumer_resume_from_committed_offset(make_cluster: Any) -> None:
-    from cluster.client import BatchingProducer, Consumer
+    from chronomq.cluster.client import BatchingProducer, Consumer
 
     cluster = make_cluster(3)
     cluster.wait_leader(60)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ops.drill import netns
-from ops.drill.history import read_history
+from chronomq.ops.drill import netns
+from chronomq.ops.drill.history import read_history
 from tests.integration.conftest import free_port_base
 
 pytestmark = pytest.mark.integration

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ops.drill.history import read_history
-from ops.drill.powercut.mount import available
+from chronomq.ops.drill.history import read_history
+from chronomq.ops.drill.powercut.mount import available
 from tests.integration.test_drill import drill_cmd, leftover_nodes
 
 _OK, _WHY = available()

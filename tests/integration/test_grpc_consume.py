@@ -29,8 +29,8 @@ from rocketmq import (
     SimpleConsumer,
 )
 
-from cluster.launcher import LocalCluster
-from cluster.logschema import LatencyRecord, MessageKind, RecordType, Stage, decode
+from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.logschema import LatencyRecord, MessageKind, RecordType, Stage, decode
 from tests.integration.conftest import dump_logs, wait_for
 
 pytestmark = pytest.mark.integration

@@ -23,9 +23,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cluster.client import Client
-from cluster.launcher import LocalCluster
-from cluster.tls import client_context
+from chronomq.cluster.client import Client
+from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.tls import client_context
 from tests.integration.conftest import wait_for
 from tests.selfsigned import self_signed
 
@@ -187,7 +187,7 @@ def test_a_tls_cluster_forwards_over_https_and_refuses_plain_http(
 
     # The CLI with the token from the environment and the CA from a flag.
     status = subprocess.run(
-        [sys.executable, "-m", "cluster", "status", "--json", "--url", consume_via]
+        [sys.executable, "-m", "chronomq.cluster", "status", "--json", "--url", consume_via]
         + ["--ca-file", str(cert)],
         env={**os.environ, "CHRONOMQ_AUTH_TOKEN": TOKEN},
         capture_output=True,

@@ -15,8 +15,8 @@ from typing import Any
 
 import aiohttp
 
-from cluster.client import Client
-from cluster.launcher import LocalCluster
+from chronomq.cluster.client import Client
+from chronomq.cluster.launcher import LocalCluster
 
 from .conftest import dump_logs
 

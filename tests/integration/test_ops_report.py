@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from cluster.client import Client, Consumer
-from cluster.launcher import LocalCluster
+from chronomq.cluster.client import Client, Consumer
+from chronomq.cluster.launcher import LocalCluster
 from tests.integration.conftest import dump_logs
 from tests.ops.conftest import cli_report
 

@@ -27,10 +27,10 @@ from typing import Any
 import orjson
 import pytest
 
-from cluster.client import Client
-from cluster.launcher import LocalCluster
-from raftlog.journal import encode_record, read_file
-from raftlog.store import Store
+from chronomq.cluster.client import Client
+from chronomq.cluster.launcher import LocalCluster
+from chronomq.raftlog.journal import encode_record, read_file
+from chronomq.raftlog.store import Store
 from tests.integration.test_restart_all import kill_all_at_once, node_log, wait_until
 
 pytestmark = pytest.mark.integration

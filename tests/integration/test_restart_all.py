@@ -28,10 +28,10 @@ from typing import Any
 
 import pytest
 
-from cluster.client import Client, ClientError
-from cluster.launcher import LocalCluster
-from raftlog.journal import TORN_GROUPS, read_file
-from raftlog.store import Store
+from chronomq.cluster.client import Client, ClientError
+from chronomq.cluster.launcher import LocalCluster
+from chronomq.raftlog.journal import TORN_GROUPS, read_file
+from chronomq.raftlog.store import Store
 from tests.integration.conftest import dump_logs, free_port_base, wait_for
 
 pytestmark = pytest.mark.integration
@@ -340,7 +340,7 @@ def test_cluster_up_ctrl_c_leaves_no_process_behind(tmp_path: Path) -> None:
     http, raft = free_port_base(3, random.Random())
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "cluster", "cluster", "up", "--nodes", "3",
+            sys.executable, "-m", "chronomq.cluster", "cluster", "up", "--nodes", "3",
             "--http-port", str(http), "--raft-port", str(raft),
             "--data-dir", str(tmp_path / "var"),
         ],

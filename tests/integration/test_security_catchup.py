@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from cluster.client import Client
-from cluster.launcher import SECRET_FILE, LocalCluster
-from raftlog import catchup
-from raftlog import catchup_proto as proto
+from chronomq.cluster.client import Client
+from chronomq.cluster.launcher import SECRET_FILE, LocalCluster
+from chronomq.raftlog import catchup
+from chronomq.raftlog import catchup_proto as proto
 from tests.integration.conftest import dump_logs
 from tests.integration.test_replicated_log import QUEUES, TOPIC, check_exactly_once
 

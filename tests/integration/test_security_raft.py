@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from cluster.client import Client
-from cluster.launcher import SECRET_FILE, LocalCluster
-from raftlog import wireproto
-from raftlog.wireproto import Handshake, HandshakeRefused, Role, Session
+from chronomq.cluster.client import Client
+from chronomq.cluster.launcher import SECRET_FILE, LocalCluster
+from chronomq.raftlog import wireproto
+from chronomq.raftlog.wireproto import Handshake, HandshakeRefused, Role, Session
 from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.integration

@@ -16,9 +16,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cluster.client import Client
-from cluster.launcher import LocalCluster
-from ops.stats import percentile
+from chronomq.cluster.client import Client
+from chronomq.cluster.launcher import LocalCluster
+from chronomq.ops.stats import percentile
 from tests.integration.conftest import dump_logs, wait_for
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from cluster.client import Client, ClientError
-from cluster.launcher import LocalCluster
+from chronomq.cluster.client import Client, ClientError
+from chronomq.cluster.launcher import LocalCluster
+from chronomq.timer.checkpoint import TIMERLOG_DIR
 from tests.integration.conftest import wait_for
 from tests.integration.test_restart_all import (
     TOPIC,
@@ -28,7 +29,6 @@ from tests.integration.test_restart_all import (
     quiescent,
     wait_until,
 )
-from timer.checkpoint import TIMERLOG_DIR
 
 pytestmark = pytest.mark.integration
 

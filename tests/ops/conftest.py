@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ops.synth import SynthResult, SynthSpec, synth_logs
+from chronomq.ops.synth import SynthResult, SynthSpec, synth_logs
 
 SMALL_ROWS = 20_000
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def spark() -> Iterator[Any]:
     """One local SparkSession per test module (the JVM itself is reused between modules)."""
     pytest.importorskip("pyspark")
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from ops.sparkengine import spark_session
+    from chronomq.ops.sparkengine import spark_session
 
     conf = [("spark.ui.enabled", "false"), ("spark.sql.shuffle.partitions", "4")]
     with spark_session("local[2]", conf=conf, log_level="ERROR") as session:
@@ -42,7 +42,16 @@ def spark() -> Iterator[Any]:
 def cli_report(logs: Path, out: Path, master: str, *extra: str) -> subprocess.CompletedProcess[str]:
     """``chronomq report`` in a process of its own, as an operator runs it."""
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=str(REPO))
-    command = [sys.executable, "-m", "ops.cli", "report", "--logs", str(logs), "--out", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "chronomq.ops.cli",
+        "report",
+        "--logs",
+        str(logs),
+        "--out",
+        str(out),
+    ]
     command += ["--master", master, "--driver-memory", "1g", *extra]
     return subprocess.run(
         command, env=env, cwd=REPO, capture_output=True, text=True, timeout=600, check=False

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.benchdir import bench_dir
+from chronomq.ops.benchdir import bench_dir
 
 
 def test_a_temporary_directory_is_removed_after_a_good_run() -> None:

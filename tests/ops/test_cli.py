@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster.logschema import RecordType, decode
-from ops.cli import main
-from ops.report import ReportOptions, report_main
+from chronomq.cluster.logschema import RecordType, decode
+from chronomq.ops.cli import main
+from chronomq.ops.report import ReportOptions, report_main
 
 
 def free_port() -> int:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from ops.drill.checker import check, recovery_marks
-from ops.drill.history import History, read_history
+from chronomq.ops.drill.checker import check, recovery_marks
+from chronomq.ops.drill.history import History, read_history
 
 
 def produce(

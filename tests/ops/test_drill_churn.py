@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from cluster.launcher import LocalCluster
-from ops.drill import faults
-from ops.drill.admin import Answer, LeaderGaps, member_body, sole_leader
-from ops.drill.churn import (
+from chronomq.cluster.launcher import LocalCluster
+from chronomq.ops.drill import faults
+from chronomq.ops.drill.admin import Answer, LeaderGaps, member_body, sole_leader
+from chronomq.ops.drill.churn import (
     BACKOFF_MAX_S,
     backoff_s,
     change_outcome,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import logwriter
-from cluster.logschema import (
+from chronomq.cluster import logwriter
+from chronomq.cluster.logschema import (
     EventRecord,
     EventType,
     LatencyRecord,
@@ -22,7 +22,7 @@ from cluster.logschema import (
     decode,
     encode,
 )
-from cluster.logwriter import LogWriter, LogWriterConfig, keep_sample
+from chronomq.cluster.logwriter import LogWriter, LogWriterConfig, keep_sample
 
 DEADLINE_S = 20.0
 

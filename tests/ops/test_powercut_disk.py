@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.drill.powercut.disk import BLOCK_BYTES, RENAME_NOREPLACE, Disk
+from chronomq.ops.drill.powercut.disk import BLOCK_BYTES, RENAME_NOREPLACE, Disk
 
 
 def _new(disk: Disk, path: str, data: bytes = b"", *, sync: bool = False) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.drill.powercut.mount import PowerCutMount, available, is_mounted
+from chronomq.ops.drill.powercut.mount import PowerCutMount, available, is_mounted
 
 _OK, _WHY = available()
 pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)

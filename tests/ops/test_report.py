@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from cluster.logschema import CorruptLine, NewerSchemaVersion, RecordType, decode
-from ops.report import ReportFailed, compute
-from ops.report_ingest import CORRUPT, OK, find_log_files, parse_lines
-from ops.synth import SynthResult
+from chronomq.cluster.logschema import CorruptLine, NewerSchemaVersion, RecordType, decode
+from chronomq.ops.report import ReportFailed, compute
+from chronomq.ops.report_ingest import CORRUPT, OK, find_log_files, parse_lines
+from chronomq.ops.synth import SynthResult
 from tests.ops import expected
 from tests.ops.conftest import ReportRun
 from tests.ops.pngcheck import colour_counts

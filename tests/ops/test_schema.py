@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster import logschema as schema
-from cluster.logschema import (
+from chronomq.cluster import logschema as schema
+from chronomq.cluster.logschema import (
     SCHEMA_VERSION,
     CorruptLine,
     EventRecord,
@@ -26,7 +26,7 @@ from cluster.logschema import (
     decode,
     encode,
 )
-from ops.schema import spark_schema
+from chronomq.ops.schema import spark_schema
 
 GOLDEN = [
     (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from ops import svgchart as chart
+from chronomq.ops import svgchart as chart
 
 
 def parse(svg: str) -> ET.Element:

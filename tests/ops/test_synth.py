@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.logschema import (
+from chronomq.cluster.logschema import (
     EventRecord,
     LatencyRecord,
     MessageKind,
@@ -17,7 +17,7 @@ from cluster.logschema import (
     Stage,
     decode,
 )
-from ops.synth import SynthResult, SynthSpec, synth_logs
+from chronomq.ops.synth import SynthResult, SynthSpec, synth_logs
 
 
 def records(root: Path, record_type: RecordType) -> list[object]:

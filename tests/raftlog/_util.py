@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raftlog import command as cmdcodec
-from raftlog import record
-from raftlog.config import RaftConfig, RaftPeer
+from chronomq.raftlog import command as cmdcodec
+from chronomq.raftlog import record
+from chronomq.raftlog.config import RaftConfig, RaftPeer
 
 STORE_MS = 1_700_000_000_000
 

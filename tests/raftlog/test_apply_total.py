@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from raftlog import command as cmdcodec
-from raftlog import record
-from raftlog.consumequeue import ConsumeQueueStore
-from raftlog.errors import ApplyRejected, InvalidInput, NodeFault, StoreCorruption
-from raftlog.extension import ApplyContext
-from raftlog.store import OK, REJECTED, REJECTED_COUNT_KEY, REJECTED_LAST_KEY, Store
+from chronomq.raftlog import command as cmdcodec
+from chronomq.raftlog import record
+from chronomq.raftlog.consumequeue import ConsumeQueueStore
+from chronomq.raftlog.errors import ApplyRejected, InvalidInput, NodeFault, StoreCorruption
+from chronomq.raftlog.extension import ApplyContext
+from chronomq.raftlog.store import OK, REJECTED, REJECTED_COUNT_KEY, REJECTED_LAST_KEY, Store
 
 from ._util import STORE_MS, B, command, rec
 
@@ -255,7 +255,7 @@ def test_read_record_takes_a_peers_copy_of_a_record_it_cannot_read(pair: list[St
 
 
 def test_a_rejection_reaches_the_proposer_as_a_caller_error_naming_the_field() -> None:
-    from raftlog.store import BatchOutcome
+    from chronomq.raftlog.store import BatchOutcome
 
     out = BatchOutcome(
         "k", REJECTED, detail="REAL_QID '5000'", field="messages[0].properties.REAL_QID"

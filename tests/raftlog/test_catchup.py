@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from raftlog import catchup_proto as proto
-from raftlog import record
-from raftlog.catchup import (
+from chronomq.raftlog import catchup_proto as proto
+from chronomq.raftlog import record
+from chronomq.raftlog.catchup import (
     DEFAULT_LIMITS,
     Backoff,
     CatchupServer,
@@ -27,9 +27,9 @@ from raftlog.catchup import (
     fetch_from,
     fetch_range,
 )
-from raftlog.chain import Chain, RangeCheck
-from raftlog.commitlog import CommitLog
-from raftlog.store import FetchTarget
+from chronomq.raftlog.chain import Chain, RangeCheck
+from chronomq.raftlog.commitlog import CommitLog
+from chronomq.raftlog.store import FetchTarget
 
 from ._util import commitlog_bytes, free_port, rec, wait_until
 
@@ -317,7 +317,7 @@ def test_unauthenticated_requests_get_no_commitlog_byte(
         "garbage": b"GET / HTTP/1.0\r\n\r\n" + bytes(64),
         "empty": b"",
     }
-    with caplog.at_level(logging.WARNING, logger="raftlog.catchup"):
+    with caplog.at_level(logging.WARNING, logger="chronomq.raftlog.catchup"):
         for name, payload in payloads.items():
             answer = _raw_exchange(srv.address, payload)
             assert answer in (proto.DENIED, b""), name
@@ -340,7 +340,7 @@ def test_a_client_with_the_wrong_secret_is_refused(
     fill(src, 20)
     srv = servers(src)
     with (
-        caplog.at_level(logging.WARNING, logger="raftlog.catchup"),
+        caplog.at_level(logging.WARNING, logger="chronomq.raftlog.catchup"),
         pytest.raises(proto.Refused),
     ):
         fetch_from(
@@ -545,7 +545,7 @@ def test_bytes_that_fail_the_chain_are_rejected_and_the_next_peer_used(
         asked.append([liar.address, honest.address])
         return asked[-1]
 
-    with caplog.at_level(logging.WARNING, logger="raftlog.catchup"):
+    with caplog.at_level(logging.WARNING, logger="chronomq.raftlog.catchup"):
         fetch_range(peers, target, secret=SECRET, sleep=no_sleep)
     assert target.verdict() is None
     assert commitlog_bytes(dst.directory) == commitlog_bytes(src.directory)
@@ -628,7 +628,7 @@ def test_giving_up_names_the_range_and_every_peer(
 
     target = target_for(dst, src)
     with (
-        caplog.at_level(logging.ERROR, logger="raftlog.catchup"),
+        caplog.at_level(logging.ERROR, logger="chronomq.raftlog.catchup"),
         pytest.raises(FetchFailed) as failed,
     ):
         fetch_range(

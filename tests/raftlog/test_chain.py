@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from raftlog.chain import BLOCK_BYTES, ZERO, Chain, RangeCheck
+from chronomq.raftlog.chain import BLOCK_BYTES, ZERO, Chain, RangeCheck
 
 
 def _stream(n: int, seed: int = 1) -> bytes:

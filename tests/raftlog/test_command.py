@@ -7,9 +7,9 @@ import struct
 import orjson
 import pytest
 
-from raftlog import command as cmdcodec
-from raftlog.command import Batch, Command, Kind
-from raftlog.errors import StoreCorruption
+from chronomq.raftlog import command as cmdcodec
+from chronomq.raftlog.command import Batch, Command, Kind
+from chronomq.raftlog.errors import StoreCorruption
 
 from ._util import command, rec
 

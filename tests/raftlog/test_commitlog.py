@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from raftlog import durable, record
-from raftlog.commitlog import CommitLog
-from raftlog.errors import StoreCorruption
+from chronomq.raftlog import durable, record
+from chronomq.raftlog.commitlog import CommitLog
+from chronomq.raftlog.errors import StoreCorruption
 
 from ._fsync import Faults
 from ._util import rec, segment_files

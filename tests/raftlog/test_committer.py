@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from pysyncobj import FAIL_REASON
 
-from raftlog import command as cmdcodec
-from raftlog.committer import GroupCommitter, PendingBatch, split_batch
-from raftlog.errors import (
+from chronomq.raftlog import command as cmdcodec
+from chronomq.raftlog.committer import GroupCommitter, PendingBatch, split_batch
+from chronomq.raftlog.errors import (
     CommitOutcomeUnknown,
     CommitTimeout,
     ConditionFailed,
@@ -20,7 +20,7 @@ from raftlog.errors import (
     Overloaded,
     UnknownQueue,
 )
-from raftlog.store import OK, Store
+from chronomq.raftlog.store import OK, Store
 
 from ._util import STORE_MS, rec, wait_until
 

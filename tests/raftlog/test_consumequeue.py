@@ -8,9 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from raftlog import record
-from raftlog.commitlog import CommitLog
-from raftlog.consumequeue import UNIT, UNIT_SIZE, ConsumeQueueStore, CqUnit, pack_units, tags_hash
+from chronomq.raftlog import record
+from chronomq.raftlog.commitlog import CommitLog
+from chronomq.raftlog.consumequeue import (
+    UNIT,
+    UNIT_SIZE,
+    ConsumeQueueStore,
+    CqUnit,
+    pack_units,
+    tags_hash,
+)
 
 from ._util import rec
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from raftlog import command as cmdcodec
-from raftlog import record
-from raftlog.errors import StoreCorruption
-from raftlog.extension import ApplyContext, DerivedRecord
-from raftlog.store import Store
+from chronomq.raftlog import command as cmdcodec
+from chronomq.raftlog import record
+from chronomq.raftlog.errors import StoreCorruption
+from chronomq.raftlog.extension import ApplyContext, DerivedRecord
+from chronomq.raftlog.store import Store
 
 from ._util import STORE_MS, B, command, msg_id
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from raftlog.consumequeue import UNIT, ConsumeQueueStore
-from raftlog.store import OK, REJECTED, TOO_MANY_TOPICS, Store, TopicLimits
+from chronomq.raftlog.consumequeue import UNIT, ConsumeQueueStore
+from chronomq.raftlog.store import OK, REJECTED, TOO_MANY_TOPICS, Store, TopicLimits
 
 from ._util import B, command
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from pysyncobj.transport import TCPTransport
 
-from raftlog.errors import NotLeader
-from raftlog.node import NewMessage, RaftLog
-from raftlog.transport import GuardedTransport
+from chronomq.raftlog.errors import NotLeader
+from chronomq.raftlog.node import NewMessage, RaftLog
+from chronomq.raftlog.transport import GuardedTransport
 
 from ._util import trio_configs, wait_until
 

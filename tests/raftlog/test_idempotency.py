@@ -14,8 +14,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from raftlog import command as cmdcodec
-from raftlog.store import (
+from chronomq.raftlog import command as cmdcodec
+from chronomq.raftlog.store import (
     CLIENT_ENTRY,
     KEY_REUSED,
     OK,

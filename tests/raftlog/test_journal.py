@@ -17,8 +17,8 @@ import orjson
 import pytest
 from pysyncobj.journal import FileJournal
 
-from raftlog import durable
-from raftlog.journal import (
+from chronomq.raftlog import durable
+from chronomq.raftlog.journal import (
     HEADER_SIZE,
     DurableJournal,
     JournalDamaged,
@@ -27,7 +27,7 @@ from raftlog.journal import (
     read_file,
     scan,
 )
-from raftlog.journalcheck import check_journal
+from chronomq.raftlog.journalcheck import check_journal
 
 from ._fsync import Faults, FsyncSpy
 

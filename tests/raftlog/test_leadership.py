@@ -1,4 +1,4 @@
-"""The owner of leader-only work (:mod:`raftlog.leadership`): one term's work at a time."""
+"""The owner of leader-only work (:mod:`chronomq.raftlog.leadership`): one term's work at a time."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from raftlog.leadership import Leadership, LeadershipError, Piece, TermToken
+from chronomq.raftlog.leadership import Leadership, LeadershipError, Piece, TermToken
 
 
 class FakeWork:
@@ -170,7 +170,7 @@ def test_a_piece_that_does_not_stop_within_the_bound_is_reported(
         timers.fire()  # fired early (a timer may): not reported yet
         assert owner.stats().stuck == ()
         clock.ms = 1000
-        with caplog.at_level(logging.ERROR, logger="raftlog.leadership"):
+        with caplog.at_level(logging.ERROR, logger="chronomq.raftlog.leadership"):
             owner.check_stuck()
             owner.check_stuck()  # reported once
         errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
@@ -223,7 +223,7 @@ def test_a_piece_registered_while_a_term_runs_starts_at_once() -> None:
 def test_a_piece_whose_start_fails_counts_as_exited(caplog: pytest.LogCaptureFixture) -> None:
     owner, (a, b), log, _, _ = owner_with("a", "b")
     a.fail_start = True
-    with caplog.at_level(logging.ERROR, logger="raftlog.leadership"):
+    with caplog.at_level(logging.ERROR, logger="chronomq.raftlog.leadership"):
         owner.on_leader(True, 2)
     assert "starting leader-only work a for term 2 failed" in caplog.text
     owner.on_leader(False, 2)

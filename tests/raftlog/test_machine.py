@@ -10,9 +10,9 @@ import pysyncobj.pickle as pso_pickle
 import pytest
 from pysyncobj.transport import TCPNode
 
-from raftlog.config import RaftConfig, RaftPeer
-from raftlog.machine import ReplicatedLog
-from raftlog.store import FetchTarget, Store, encode_entry
+from chronomq.raftlog.config import RaftConfig, RaftPeer
+from chronomq.raftlog.machine import ReplicatedLog
+from chronomq.raftlog.store import FetchTarget, Store, encode_entry
 
 from ._util import B, barrier, command, free_port
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from raftlog.config import RaftConfig
-from raftlog.errors import InvalidInput, MessageTooLarge, UnknownQueue
-from raftlog.node import NewMessage, RaftLog
-from raftlog.store import OK, Store
+from chronomq.raftlog.config import RaftConfig
+from chronomq.raftlog.errors import InvalidInput, MessageTooLarge, UnknownQueue
+from chronomq.raftlog.node import NewMessage, RaftLog
+from chronomq.raftlog.store import OK, Store
 
 from ._util import free_port, wait_until
 

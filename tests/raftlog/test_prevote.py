@@ -11,9 +11,9 @@ import pytest
 from pysyncobj.monotonic import monotonic
 from pysyncobj.transport import TCPNode
 
-from raftlog.config import RaftConfig, RaftPeer
-from raftlog.machine import ReplicatedLog
-from raftlog.prevote import (
+from chronomq.raftlog.config import RaftConfig, RaftPeer
+from chronomq.raftlog.machine import ReplicatedLog
+from chronomq.raftlog.prevote import (
     LogPosition,
     PreVoteRound,
     VoterState,
@@ -21,8 +21,8 @@ from raftlog.prevote import (
     prevote_refusal,
     stickiness_s,
 )
-from raftlog.removal import RemovalFile, RemovalNotice
-from raftlog.store import Store
+from chronomq.raftlog.removal import RemovalFile, RemovalNotice
+from chronomq.raftlog.store import Store
 
 from ._util import free_port
 

@@ -7,8 +7,8 @@ import zlib
 
 import pytest
 
-from raftlog import record
-from raftlog.errors import InvalidInput, MessageTooLarge, StoreCorruption
+from chronomq.raftlog import record
+from chronomq.raftlog.errors import InvalidInput, MessageTooLarge, StoreCorruption
 
 GOLDEN_FIELDS = {
     "topic": "orders",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from raftlog.removal import NoticeRefused, RemovalFile, RemovalNotice, sign, verify
+from chronomq.raftlog.removal import NoticeRefused, RemovalFile, RemovalNotice, sign, verify
 
 SECRET = b"s" * 32
 NOTICE = RemovalNotice(3, "127.0.0.1:26303", 120, 7, 1_790_000_000_000, 0)

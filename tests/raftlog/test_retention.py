@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from raftlog.catchup_proto import Status
-from raftlog.commitlog import MIN_OFFSET_FILE, CommitLog
-from raftlog.errors import StoreCorruption
-from raftlog.retention import RetentionPolicy, SegmentInfo, Stop, plan_retention
-from raftlog.store import Store
+from chronomq.raftlog.catchup_proto import Status
+from chronomq.raftlog.commitlog import MIN_OFFSET_FILE, CommitLog
+from chronomq.raftlog.errors import StoreCorruption
+from chronomq.raftlog.retention import RetentionPolicy, SegmentInfo, Stop, plan_retention
+from chronomq.raftlog.store import Store
 
 from ._util import B, command, rec
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from raftlog import record
-from raftlog import store as store_module
-from raftlog.errors import StoreCorruption
-from raftlog.store import (
+from chronomq.raftlog import record
+from chronomq.raftlog import store as store_module
+from chronomq.raftlog.errors import StoreCorruption
+from chronomq.raftlog.store import (
     BAD_QUEUE,
     CONDITION_FAILED,
     OK,

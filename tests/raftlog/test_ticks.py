@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raftlog.ticks import TickWatch
+from chronomq.raftlog.ticks import TickWatch
 
 
 class FakeClock:

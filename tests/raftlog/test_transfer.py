@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from pysyncobj.transport import TCPTransport
 
-from raftlog.errors import NotLeader
-from raftlog.node import NewMessage, RaftLog
-from raftlog.transfer import (
+from chronomq.raftlog.errors import NotLeader
+from chronomq.raftlog.node import NewMessage, RaftLog
+from chronomq.raftlog.transfer import (
     CATCH_UP_GAP_ENTRIES,
     MAX_ATTEMPTS,
     Action,

@@ -23,12 +23,18 @@ from pysyncobj.node import TCPNode
 from pysyncobj.poller import createPoller
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
-from raftlog import safepickle, transport, wireproto
-from raftlog.config import RaftConfig, RaftPeer
-from raftlog.machine import ReplicatedLog
-from raftlog.store import Store
-from raftlog.wire import AuthConnection, HandshakeGate, RefusalLog, WireContext, WireSettings
-from raftlog.wireproto import (
+from chronomq.raftlog import safepickle, transport, wireproto
+from chronomq.raftlog.config import RaftConfig, RaftPeer
+from chronomq.raftlog.machine import ReplicatedLog
+from chronomq.raftlog.store import Store
+from chronomq.raftlog.wire import (
+    AuthConnection,
+    HandshakeGate,
+    RefusalLog,
+    WireContext,
+    WireSettings,
+)
+from chronomq.raftlog.wireproto import (
     FrameRefused,
     Handshake,
     HandshakeRefused,
@@ -521,7 +527,7 @@ def test_a_wrong_secret_closes_the_connection_and_is_logged(
     client = harness.client(harness.context(other if wrong == "client" else SECRET))
     server = harness.accept(harness.context(other if wrong == "server" else SECRET))
     client.send("127.0.0.1:9001")
-    with caplog.at_level(logging.WARNING, "raftlog.wire"):
+    with caplog.at_level(logging.WARNING, "chronomq.raftlog.wire"):
         harness.run_until(
             lambda: client.state == server.state == CONNECTION_STATE.DISCONNECTED, "refusal"
         )
@@ -544,7 +550,7 @@ def test_pysyncobj_wire_bytes_are_refused_before_unpickling(
     server = harness.accept(ctx)
     data = zlib.compress(evil[0])
     raw.sendall(struct.pack("i", len(data)) + data)
-    with caplog.at_level(logging.WARNING, "raftlog.wire"):
+    with caplog.at_level(logging.WARNING, "chronomq.raftlog.wire"):
         harness.run_until(lambda: server.state == CONNECTION_STATE.DISCONNECTED, "refusal")
     raw.close()
     assert any("not a chronomq Raft hello" in r.getMessage() for r in caplog.records)

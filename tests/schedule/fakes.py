@@ -3,7 +3,7 @@
 - :class:`VirtualLoop` never sleeps: when nothing is ready it jumps its clock to the next
   timer, so ``asyncio.sleep``, ``asyncio.timeout`` and the service's polls run in virtual time,
   deterministically, in one thread.
-- :class:`FakeRaftLog` is what the schedule service uses of :class:`raftlog.node.RaftLog`:
+- :class:`FakeRaftLog` is what the schedule service uses of :class:`chronomq.raftlog.node.RaftLog`:
   an in-memory kv, the schedule topic's ConsumeQueues and records, proposals that the test
   commits, fails or lets race a leadership loss, and conditional updates applied like the real
   store (``expect`` / ``updates`` on ``sched/off/<level>``).
@@ -19,12 +19,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from raftlog import record
-from raftlog.errors import CommitOutcomeUnknown, ConditionFailed, NotLeader
-from raftlog.node import NewMessage
-from raftlog.store import CONDITION_FAILED, OK, BatchOutcome
-from schedule.levels import SCHEDULE_TOPIC, DelayLevelTable
-from schedule.rewrite import place
+from chronomq.raftlog import record
+from chronomq.raftlog.errors import CommitOutcomeUnknown, ConditionFailed, NotLeader
+from chronomq.raftlog.node import NewMessage
+from chronomq.raftlog.store import CONDITION_FAILED, OK, BatchOutcome
+from chronomq.schedule.levels import SCHEDULE_TOPIC, DelayLevelTable
+from chronomq.schedule.rewrite import place
 
 T0 = 1_700_000_000_000
 REAL_TOPIC = "orders"
@@ -79,7 +79,7 @@ def run_virtual(main: Coroutine[Any, Any, None], timeout_s: float = 3600) -> Non
 
 
 class VirtualClock:
-    """The log's clock (:class:`raftlog.clock.Clock`) read from the loop's virtual time."""
+    """The log's clock (:class:`chronomq.raftlog.clock.Clock`) read from the loop's virtual time."""
 
     def __init__(self, loop: VirtualLoop, start_ms: int = T0) -> None:
         self.loop = loop

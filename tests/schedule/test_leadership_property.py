@@ -24,10 +24,17 @@ from collections import Counter
 
 import pytest
 
-from raftlog.leadership import Leadership
-from schedule.levels import DelayLevelTable
-from schedule.pending import PendingConfig
-from schedule.service import ASYNC, MODE_KEY, PAUSED_KEY, SYNC, ScheduleService, ScheduleSettings
+from chronomq.raftlog.leadership import Leadership
+from chronomq.schedule.levels import DelayLevelTable
+from chronomq.schedule.pending import PendingConfig
+from chronomq.schedule.service import (
+    ASYNC,
+    MODE_KEY,
+    PAUSED_KEY,
+    SYNC,
+    ScheduleService,
+    ScheduleSettings,
+)
 from tests.schedule.fakes import (
     REAL_QUEUES,
     FakeRaftLog,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from schedule.errors import CallerError, ConfigError, InvalidDelayLevel
-from schedule.levels import (
+from chronomq.schedule.errors import CallerError, ConfigError, InvalidDelayLevel
+from chronomq.schedule.levels import (
     CONFIG_KEY,
     DEFAULT_MESSAGE_DELAY_LEVEL,
     MAX_LEVELS,

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from raftlog.clock import FakeClock
-from schedule.errors import ConfigError, ScheduleInternalError
-from schedule.pending import (
+from chronomq.raftlog.clock import FakeClock
+from chronomq.schedule.errors import ConfigError, ScheduleInternalError
+from chronomq.schedule.pending import (
     MAX_PENDING_LIMIT_KEY,
     MAX_RESEND_NUM_TO_BLOCKED_KEY,
     AddResult,
@@ -17,7 +17,7 @@ from schedule.pending import (
     ProcessStatus,
     resend_backoff_ms,
 )
-from schedule.planner import ScheduleEntry
+from chronomq.schedule.planner import ScheduleEntry
 
 T0_MS = 1_700_000_000_000
 LEVEL = 4

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from raftlog.clock import FakeClock
-from schedule.errors import ScheduleInternalError
-from schedule.planner import (
+from chronomq.raftlog.clock import FakeClock
+from chronomq.schedule.errors import ScheduleInternalError
+from chronomq.schedule.planner import (
     OffsetFix,
     ScheduleEntry,
     StopReason,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from schedule import properties as props
-from schedule.errors import ConfigError, InvalidRetryRequest
-from schedule.levels import DelayLevelTable
-from schedule.retry import (
+from chronomq.schedule import properties as props
+from chronomq.schedule.errors import ConfigError, InvalidRetryRequest
+from chronomq.schedule.levels import DelayLevelTable
+from chronomq.schedule.retry import (
     MAX_RECONSUME_TIMES_KEY,
     RetryConfig,
     RetryDecision,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from schedule import properties as props
-from schedule.errors import CorruptScheduleMessage, InvalidDelayLevel
-from schedule.levels import SCHEDULE_TOPIC, DelayLevelTable
-from schedule.rewrite import place, restore
+from chronomq.schedule import properties as props
+from chronomq.schedule.errors import CorruptScheduleMessage, InvalidDelayLevel
+from chronomq.schedule.levels import SCHEDULE_TOPIC, DelayLevelTable
+from chronomq.schedule.rewrite import place, restore
 
 TABLE = DelayLevelTable.parse("1s 2s 3s 5s")
 

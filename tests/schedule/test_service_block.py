@@ -8,11 +8,11 @@ import random
 
 import pytest
 
-from raftlog.errors import ReplicationError
-from raftlog.leadership import Leadership
-from schedule.levels import DelayLevelTable
-from schedule.pending import PendingConfig
-from schedule.service import ASYNC, MODE_KEY, ScheduleService, ScheduleSettings, offset_key
+from chronomq.raftlog.errors import ReplicationError
+from chronomq.raftlog.leadership import Leadership
+from chronomq.schedule.levels import DelayLevelTable
+from chronomq.schedule.pending import PendingConfig
+from chronomq.schedule.service import ASYNC, MODE_KEY, ScheduleService, ScheduleSettings, offset_key
 from tests.schedule.fakes import FakeRaftLog, FakeStore, VirtualClock, VirtualLoop, run_virtual
 
 
@@ -52,7 +52,7 @@ async def _run(caplog: pytest.LogCaptureFixture) -> None:
                     raft.commit(1)
 
     ticking = loop.create_task(raft_ticks())
-    with caplog.at_level(logging.INFO, logger="schedule.service"):
+    with caplog.at_level(logging.INFO, logger="chronomq.schedule.service"):
         await asyncio.sleep(3.0)
         view = service.stats()["levels"][0]
         assert view["blocked"] and view["blocked_by"]["queue_offset"] == 1
@@ -63,7 +63,7 @@ async def _run(caplog: pytest.LogCaptureFixture) -> None:
         await asyncio.sleep(1.0)
     view = service.stats()["levels"][0]
     assert not view["blocked"] and view["offset"] == 3
-    lines = [r for r in caplog.records if r.name == "schedule.service"]
+    lines = [r for r in caplog.records if r.name == "chronomq.schedule.service"]
     blocked = [r for r in lines if " blocked at queue offset" in r.getMessage()]
     blocked = [r for r in blocked if "no longer" not in r.getMessage()]
     assert len(blocked) == 1 and blocked[0].levelno == logging.ERROR

@@ -11,16 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raftlog import command as cmdcodec
-from raftlog import record
-from raftlog.clock import FakeClock
-from raftlog.errors import NotLeader
-from raftlog.node import NewMessage
-from raftlog.store import ApplyResult, Store
-from timer import message as tm
-from timer.config import TimerConfig
-from timer.service import TimerService
-from timer.timerlog import read_records
+from chronomq.raftlog import command as cmdcodec
+from chronomq.raftlog import record
+from chronomq.raftlog.clock import FakeClock
+from chronomq.raftlog.errors import NotLeader
+from chronomq.raftlog.node import NewMessage
+from chronomq.raftlog.store import ApplyResult, Store
+from chronomq.timer import message as tm
+from chronomq.timer.config import TimerConfig
+from chronomq.timer.service import TimerService
+from chronomq.timer.timerlog import read_records
 
 T0 = 1_700_000_000_000
 
@@ -34,7 +34,7 @@ class Entry:
 
 
 class FakeRaftLog:
-    """What :class:`TimerService` uses of :class:`raftlog.node.RaftLog`, for one replica."""
+    """What :class:`TimerService` uses of :class:`chronomq.raftlog.node.RaftLog`, for one replica."""
 
     def __init__(self, group: Group, i: int, root: Path) -> None:
         self.group = group
@@ -248,7 +248,7 @@ class Group:
         return out
 
     def fetcher(self, source: int) -> Callable[[int, int, Callable[[bytes], None]], None]:
-        """A ``fetch`` for :class:`timer.files.TimerFiles` reading replica ``source``'s log."""
+        """A ``fetch`` for :class:`chronomq.timer.files.TimerFiles` reading replica ``source``'s log."""
         files = self.services[source].machine.files
 
         def fetch(start: int, end: int, sink: Callable[[bytes], None]) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from timer.cancel import CancelDecision, decide_cancel
-from timer.cursor import ReadCursor
-from timer.dequeue import DequeueBatch, DequeuePlanner, ItemAction, ReplayResult
-from timer.enqueue import EnqueueAction, EnqueueResult, TimerMessage, enqueue
-from timer.slots import SlotGeometry
-from timer.timerlog import TimerLog, uniq_key_hash
-from timer.wheel import TimerWheel
+from chronomq.timer.cancel import CancelDecision, decide_cancel
+from chronomq.timer.cursor import ReadCursor
+from chronomq.timer.dequeue import DequeueBatch, DequeuePlanner, ItemAction, ReplayResult
+from chronomq.timer.enqueue import EnqueueAction, EnqueueResult, TimerMessage, enqueue
+from chronomq.timer.slots import SlotGeometry
+from chronomq.timer.timerlog import TimerLog, uniq_key_hash
+from chronomq.timer.wheel import TimerWheel
 
 T0 = 1_700_000_000_000
 GEOMETRY = SlotGeometry(precision_ms=100, slot_count=64, roll_window_slots=32)

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from chronomq.timer.cancel import CancelStatus
 from tests.timer.helpers import T0, Harness
-from timer.cancel import CancelStatus
 
 
 def test_cancel_before_delivery_is_never_delivered(harness: Harness) -> None:

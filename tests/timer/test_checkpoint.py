@@ -5,8 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.timer.helpers import GEOMETRY, T0, Harness
-from timer.checkpoint import (
+from chronomq.timer.checkpoint import (
     CHECKPOINT_FILE,
     TIMERLOG_DIR,
     WHEEL_FILE,
@@ -19,11 +18,12 @@ from timer.checkpoint import (
     recover,
     save_checkpoint,
 )
-from timer.config import TimerConfig
-from timer.cursor import ReadCursor
-from timer.errors import BadMagic, ChecksumMismatch, TimerConfigMismatch
-from timer.timerlog import NO_POS, RECORD_SIZE
-from timer.wheel import TimerWheel
+from chronomq.timer.config import TimerConfig
+from chronomq.timer.cursor import ReadCursor
+from chronomq.timer.errors import BadMagic, ChecksumMismatch, TimerConfigMismatch
+from chronomq.timer.timerlog import NO_POS, RECORD_SIZE
+from chronomq.timer.wheel import TimerWheel
+from tests.timer.helpers import GEOMETRY, T0, Harness
 
 CP = Checkpoint(
     precision_ms=100,

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from chronomq.timer.cursor import ReadCursor
+from chronomq.timer.dequeue import DequeuePlanner, DequeueSpan, ItemAction
+from chronomq.timer.errors import ChainBroken, TimerStateError
+from chronomq.timer.timerlog import NO_POS, RecordFlags, TimerRecord
+from chronomq.timer.wheel import Slot
 from tests.timer.helpers import T0, Harness
-from timer.cursor import ReadCursor
-from timer.dequeue import DequeuePlanner, DequeueSpan, ItemAction
-from timer.errors import ChainBroken, TimerStateError
-from timer.timerlog import NO_POS, RecordFlags, TimerRecord
-from timer.wheel import Slot
 
 
 def test_a_slot_is_never_read_before_its_last_millisecond(harness: Harness) -> None:

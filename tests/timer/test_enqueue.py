@@ -4,17 +4,17 @@ import random
 
 import pytest
 
-from tests.timer.helpers import GEOMETRY, T0, Harness
-from timer.config import TimerConfig
-from timer.enqueue import (
+from chronomq.timer.config import TimerConfig
+from chronomq.timer.enqueue import (
     EnqueueAction,
     EnqueuePlan,
     check_deliver_time,
     plan_enqueue,
     resolve_deliver_ms,
 )
-from timer.errors import DelayTooLong, InvalidDeliverTime
-from timer.timerlog import RecordFlags
+from chronomq.timer.errors import DelayTooLong, InvalidDeliverTime
+from chronomq.timer.timerlog import RecordFlags
+from tests.timer.helpers import GEOMETRY, T0, Harness
 
 G = GEOMETRY  # 100 ms slots, 64 slots per lap (6.4 s), roll window 32 slots (3.2 s)
 DAY_MS = 86_400_000

@@ -4,9 +4,14 @@ import random
 
 import pytest
 
-from timer.errors import SlotCongested, TooManyTombstones
-from timer.flow import RateMeter, check_cancel_room, check_congestion, rejection_probability
-from timer.wheel import Slot
+from chronomq.timer.errors import SlotCongested, TooManyTombstones
+from chronomq.timer.flow import (
+    RateMeter,
+    check_cancel_room,
+    check_congestion,
+    rejection_probability,
+)
+from chronomq.timer.wheel import Slot
 
 LIMIT = 100
 

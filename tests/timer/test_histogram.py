@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from timer.histogram import MAX_OVERDUE_SLOTS, due_histogram
-from timer.slots import SlotGeometry
-from timer.wheel import Slot
+from chronomq.timer.histogram import MAX_OVERDUE_SLOTS, due_histogram
+from chronomq.timer.slots import SlotGeometry
+from chronomq.timer.wheel import Slot
 
 GEOMETRY = SlotGeometry(precision_ms=100, slot_count=100_000, roll_window_slots=50_000)
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from chronomq.timer.service import DRIVER_LOOP
 from tests.timer.fakes import Group
 from tests.timer.test_service import check_delivered, check_replicas_equal, config
-from timer.service import DRIVER_LOOP
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def test_churn_delivers_every_message_once(tmp_path: Path, seed: int) -> None:
 
 
 def _committed(g: Group) -> set[str]:
-    from timer import message as tm
+    from chronomq.timer import message as tm
 
     store = g.logs[0].store
     return {m.msg_id_hex for m in store.read_messages(tm.TIMER_TOPIC, tm.TIMER_QUEUE, 0, 10**6)}

@@ -1,4 +1,4 @@
-"""The TimerLog's copy in the CommitLog (:mod:`timer.logtopic`): every replica writes the same
+"""The TimerLog's copy in the CommitLog (:mod:`chronomq.timer.logtopic`): every replica writes the same
 records, and a TimerLog lost or behind is rebuilt from the node's own CommitLog, byte for byte,
 without asking a peer. Real files, an in-process Raft group, a fake clock."""
 
@@ -13,8 +13,12 @@ from typing import Any
 
 import pytest
 
-from raftlog import record
-from raftlog.consumequeue import CqUnit
+from chronomq.raftlog import record
+from chronomq.raftlog.consumequeue import CqUnit
+from chronomq.timer import logtopic
+from chronomq.timer.errors import TimerCorruptionError, TimerStateError
+from chronomq.timer.files import TimerFiles
+from chronomq.timer.timerlog import RECORD_SIZE, TimerLog, TimerRecord, encode_record, read_records
 from tests.timer.fakes import Group
 from tests.timer.test_service import (
     cancel,
@@ -24,10 +28,6 @@ from tests.timer.test_service import (
     restart,
     traffic,
 )
-from timer import logtopic
-from timer.errors import TimerCorruptionError, TimerStateError
-from timer.files import TimerFiles
-from timer.timerlog import RECORD_SIZE, TimerLog, TimerRecord, encode_record, read_records
 
 #: 50 records and a 40-byte unused tail per segment: bodies must split at segment ends.
 SEGMENT_BYTES = 50 * RECORD_SIZE + 40
@@ -174,7 +174,7 @@ def test_no_copy_and_no_peer_is_an_error_that_says_so(tmp_path: Path) -> None:
 
 
 def rec(i: int) -> TimerRecord:
-    from timer.timerlog import RecordFlags
+    from chronomq.timer.timerlog import RecordFlags
 
     return TimerRecord(
         prev_pos=-1,
@@ -258,7 +258,7 @@ def test_the_copy_resumes_inside_a_piece_and_stops_at_the_target(tmp_path: Path)
 
 
 def test_an_append_to_the_copy_topic_is_refused_at_apply() -> None:
-    from raftlog.applycheck import RecordFacts
+    from chronomq.raftlog.applycheck import RecordFacts
 
     facts = RecordFacts(logtopic.TOPIC, 0, 0, 0, {"TIMER_LOG_POS": "0"}, 0)
     assert logtopic.apply_rule(facts, lambda topic: 1) is not None

@@ -14,14 +14,14 @@ from typing import Any, TypeVar
 
 import pytest
 
-from raftlog import record
-from raftlog.errors import InvalidInput, UnknownQueue
+from chronomq.raftlog import record
+from chronomq.raftlog.errors import InvalidInput, UnknownQueue
+from chronomq.timer import message as tm
+from chronomq.timer.config import TimerConfig
+from chronomq.timer.errors import DelayTooLong, InvalidDeliverTime, SlotCongested
+from chronomq.timer.service import timer_config_from
+from chronomq.timer.timerlog import read_records
 from tests.timer.fakes import T0, Group
-from timer import message as tm
-from timer.config import TimerConfig
-from timer.errors import DelayTooLong, InvalidDeliverTime, SlotCongested
-from timer.service import timer_config_from
-from timer.timerlog import read_records
 
 T = TypeVar("T")
 
@@ -382,7 +382,7 @@ def test_stop_and_start_dequeue_and_enqueue(make_group: Any) -> None:
 def restart(g: Group, i: int, snapshot: bytes, after_index: int, fetch_from: int | None) -> None:
     """Replace replica ``i`` by a fresh process's view: reopen its files, restore
     ``snapshot``, register the timer (which realigns its files), replay the log after it."""
-    from raftlog.store import FetchTarget, Store
+    from chronomq.raftlog.store import FetchTarget, Store
     from tests.timer.fakes import FakeRaftLog
 
     g.logs[i].store.close()
@@ -436,7 +436,7 @@ def test_a_restart_from_the_snapshot_trusts_the_wheel_and_replays_the_rest(
 
 
 def test_a_crash_while_writing_the_wheel_rebuilds_it(make_group: Any) -> None:
-    from timer.files import DIRTY_MARKER
+    from chronomq.timer.files import DIRTY_MARKER
 
     g = make_group()
     rng = random.Random(6)
@@ -500,8 +500,8 @@ def test_timer_ids_carry_the_deliver_time_and_reject_others() -> None:
 
 
 def test_a_node_with_other_wheel_settings_refuses_to_apply(make_group: Any) -> None:
-    from timer.errors import InvalidTimerConfig
-    from timer.machine import TimerMachine
+    from chronomq.timer.errors import InvalidTimerConfig
+    from chronomq.timer.machine import TimerMachine
 
     g = make_group()
     g.produce("t", g.clock.now_ms() + 100)
@@ -530,7 +530,7 @@ def test_an_idle_leader_proposes_a_command_only_every_idle_advance(make_group: A
 def test_a_backlog_larger_than_one_command_is_enqueued_while_delivery_is_stopped(
     make_group: Any,
 ) -> None:
-    from timer.machine import MAX_ENQUEUE_PER_COMMAND
+    from chronomq.timer.machine import MAX_ENQUEUE_PER_COMMAND
 
     g = make_group()
     switches(g, stop_dequeue=True)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from chronomq.timer.cancel import CancelStatus
+from chronomq.timer.dequeue import DequeueBatch
+from chronomq.timer.errors import StaleCursor
 from tests.timer.helpers import T0, Harness
-from timer.cancel import CancelStatus
-from timer.dequeue import DequeueBatch
-from timer.errors import StaleCursor
 
 FIXED_SEEDS = [1, 2, 3, 4]  # known to cover cancels, rolls and stale batches
 SEEDS = [*FIXED_SEEDS, random.randrange(2**32)]

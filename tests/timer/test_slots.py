@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from timer.config import TimerConfig
-from timer.errors import InvalidTimerConfig
-from timer.slots import SlotGeometry
+from chronomq.timer.config import TimerConfig
+from chronomq.timer.errors import InvalidTimerConfig
+from chronomq.timer.slots import SlotGeometry
 
 G = SlotGeometry(precision_ms=100, slot_count=10, roll_window_slots=4)
 

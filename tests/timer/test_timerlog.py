@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from timer.errors import (
+from chronomq.timer.errors import (
     BadMagic,
     ChainBroken,
     ChecksumMismatch,
@@ -14,7 +14,7 @@ from timer.errors import (
     TimerCorruptionError,
     TimerStateError,
 )
-from timer.timerlog import (
+from chronomq.timer.timerlog import (
     NO_POS,
     RECORD_SIZE,
     RecordFlags,

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from timer.errors import BadMagic, ChecksumMismatch, TimerConfigMismatch, TimerStateError
-from timer.slots import SlotGeometry
-from timer.timerlog import NO_POS
-from timer.wheel import (
+from chronomq.timer.errors import BadMagic, ChecksumMismatch, TimerConfigMismatch, TimerStateError
+from chronomq.timer.slots import SlotGeometry
+from chronomq.timer.timerlog import NO_POS
+from chronomq.timer.wheel import (
     HEADER_SIZE,
     SLOT_SIZE,
     Slot,

@@ -1,10 +1,10 @@
 """A filesystem that forgets, on command, what a real disk may forget when the power goes.
 
-- :mod:`ops.drill.powercut.disk`: the model. Operations pass through to a backing directory;
+- :mod:`chronomq.ops.drill.powercut.disk`: the model. Operations pass through to a backing directory;
   what has not been fsynced (file data, directory entries) is remembered and :meth:`cut
   <ops.drill.powercut.disk.Disk.cut>` undoes exactly that.
-- :mod:`ops.drill.powercut.fuse`: the process that serves a disk over FUSE, with a control
+- :mod:`chronomq.ops.drill.powercut.fuse`: the process that serves a disk over FUSE, with a control
   socket (cut, status, sync).
-- :mod:`ops.drill.powercut.mount`: start, cut and unmount one from a test or the drill's
+- :mod:`chronomq.ops.drill.powercut.mount`: start, cut and unmount one from a test or the drill's
   ``power-cut`` fault.
 """

@@ -2,6 +2,6 @@
 
 import sys
 
-from ops.drill.powercut.fuse import main
+from chronomq.ops.drill.powercut.fuse import main
 
 sys.exit(main())

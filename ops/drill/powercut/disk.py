@@ -22,7 +22,7 @@ Not modelled: permissions and times (passed through, never reverted), hard links
 write: the strict model, where unsynced means lost). Inodes are the backing filesystem's, which
 renames keep.
 
-Nothing here knows about FUSE: :mod:`ops.drill.powercut.fuse` is the thin layer that calls in,
+Nothing here knows about FUSE: :mod:`chronomq.ops.drill.powercut.fuse` is the thin layer that calls in,
 and the unit tests drive this class directly too.
 """
 

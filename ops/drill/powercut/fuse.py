@@ -1,4 +1,4 @@
-"""The power-cut filesystem process: a :class:`~ops.drill.powercut.disk.Disk` served over FUSE.
+"""The power-cut filesystem process: a :class:`~chronomq.ops.drill.powercut.disk.Disk` served over FUSE.
 
 ``python -m ops.drill.powercut MOUNTPOINT --state DIR --control SOCKET`` mounts ``DIR/tree`` at
 ``MOUNTPOINT`` (libfuse 3 through ``mfusepy``) and answers on the unix socket ``SOCKET``, one
@@ -30,7 +30,7 @@ from typing import Any
 
 import mfusepy
 
-from ops.drill.powercut.disk import Disk
+from chronomq.ops.drill.powercut.disk import Disk
 
 _STAT_FIELDS = (
     "st_mode",

@@ -118,7 +118,7 @@ class PowerCutMount:
             [
                 sys.executable,
                 "-m",
-                "ops.drill.powercut",
+                "chronomq.ops.drill.powercut",
                 str(self.mountpoint),
                 "--state",
                 str(self.state_dir),
