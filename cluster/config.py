@@ -117,9 +117,11 @@ KEYS: tuple[Key, ...] = (
         "flush",
         str,
         "async",
-        "Durability: 'async' survives a killed process (bytes reach the page cache before the "
-        "answer); 'sync' also survives a power cut of a minority (journal entries and CommitLog "
-        "are fsynced before being acknowledged).",
+        "Durability (see the README's table): 'async' survives a killed process (bytes reach "
+        "the page cache before the answer) and syncs every 500 ms, so a power cut of every "
+        "node at once loses at most the last interval; 'sync' also survives a power cut of "
+        "every node (Raft journal entries are fsynced, one fsync per group of commands, "
+        "before a node counts or acknowledges them).",
         choices=("async", "sync"),
     ),
     Key(

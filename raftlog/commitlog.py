@@ -16,21 +16,30 @@ what they were.
 
 Durability: ``flush="sync"`` fsyncs after every append; ``flush="async"`` fsyncs from a
 background thread every ``flush_interval_ms``. Either way the bytes are in the page cache as
-soon as ``append`` returns, so a killed process loses nothing.
+soon as ``append`` returns, so a killed process loses nothing. A new segment's name is made
+durable (its directory fsynced) when it is created. A failed fsync calls ``on_fault`` (by
+default the process stops, see :mod:`chronomq.raftlog.durable`) and every later :meth:`sync` fails:
+the kernel may have dropped the pages it could not write.
+
+The replicated store (:mod:`chronomq.raftlog.store`) runs it with ``flush="async"`` under both of the
+node's settings: between snapshots the CommitLog is rebuilt from the Raft journal, which is
+what ``flush="sync"`` syncs before acknowledging; the store syncs the CommitLog before each
+snapshot that covers it.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from chronomq.raftlog import record
+from chronomq.raftlog import durable, record
 from chronomq.raftlog.errors import StoreCorruption
 
 log = logging.getLogger(__name__)
@@ -64,6 +73,7 @@ class CommitLog:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         flush: str = "async",
         flush_interval_ms: int = 500,
+        on_fault: durable.FaultHandler = durable.fail_stop,
     ) -> None:
         if segment_bytes < MIN_SEGMENT_BYTES:
             raise ValueError(f"segment_bytes must be >= {MIN_SEGMENT_BYTES}, got {segment_bytes}")
@@ -73,6 +83,8 @@ class CommitLog:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.segment_bytes = segment_bytes
         self.flush_mode = flush
+        self._on_fault = on_fault
+        self._failed: str | None = None
         self._lock = threading.RLock()
         self._segments: list[_Segment] = []
         self._dirty: set[int] = set()
@@ -208,7 +220,7 @@ class CommitLog:
             now = time.monotonic()
             for seg in doomed:
                 if seg.fd in self._dirty:
-                    os.fsync(seg.fd)
+                    self._checked(functools.partial(os.fsync, seg.fd), self.directory)
                     self._dirty.discard(seg.fd)
                 seg.path.unlink()
                 self._retired.append((now, seg.fd))
@@ -250,6 +262,8 @@ class CommitLog:
             raise OSError(exc.errno, exc.strerror, str(path)) from exc
         seg = _Segment(base, path, fd, 0)
         self._segments = [*self._segments, seg]
+        # The new name must outlive a power cut as its bytes will.
+        self._checked(lambda: durable.fsync_dir(self.directory), self.directory)
         return seg
 
     def layout(self, sizes: Sequence[int]) -> tuple[list[int], list[tuple[int, int]]]:
@@ -445,6 +459,7 @@ class CommitLog:
                 self._write_min_offset(0)
                 start = 0
             keep: list[_Segment] = []
+            unlinked = False
             for seg in self._segments:
                 if seg.base < length or seg.base == length == start:
                     if seg.end > length:
@@ -455,26 +470,45 @@ class CommitLog:
                     self._dirty.discard(seg.fd)
                     os.close(seg.fd)
                     seg.path.unlink()
+                    unlinked = True
             self._segments = keep
             self._dirty = {seg.fd for seg in keep}
             self.sync()
+            if unlinked:
+                self._checked(lambda: durable.fsync_dir(self.directory), self.directory)
 
     # ------------------------------------------------------------------ durability
 
     def sync(self) -> None:
+        """Make every byte written so far durable; on a failed fsync, ``on_fault``."""
         with self._lock:
+            if self._failed is not None:
+                self._fault()
             for fd in self._dirty:
-                os.fsync(fd)
+                self._checked(functools.partial(os.fsync, fd), self.directory)
             self._dirty.clear()
+
+    def _checked(self, sync: Callable[[], None], what: object) -> None:
+        try:
+            sync()
+        except OSError as exc:
+            self._failed = durable.fsync_failed(f"the CommitLog in {what}", exc)
+            self._fault()
+
+    def _fault(self) -> None:
+        assert self._failed is not None
+        self._on_fault(self._failed)
+        raise durable.StorageFault(self._failed)
 
     def _flush_loop(self) -> None:
         while not self._closed:
             self._flush_wakeup.wait(self._flush_interval_s)
+            if self._closed:
+                break
             try:
                 self.sync()
-            except OSError:
-                if not self._closed:
-                    log.exception("CommitLog background flush failed")
+            except durable.StorageFault:
+                return  # on_fault has been told (a node has stopped by now)
 
     def close(self) -> None:
         if self._closed:

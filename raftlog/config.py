@@ -37,6 +37,9 @@ class RaftConfig:
     fetch_address: str  # host:port of this node's catch-up server
     peers: tuple[RaftPeer, ...] = ()
     flush: str = "async"  # "async" | "sync"
+    #: ``flush="async"``: how often the journal and the CommitLog are synced (RocketMQ's
+    #: flushIntervalCommitLog); what a power cut of every node at once may lose.
+    flush_interval_ms: int = 500
     commitlog_segment_bytes: int = 128 * 1024 * 1024
     max_message_bytes: int = 4 * 1024 * 1024
     # Group commit.

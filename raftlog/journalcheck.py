@@ -1,19 +1,17 @@
-"""A check of pysyncobj's Raft journal file before the node starts on it.
+"""A check of the Raft journal file before the node starts on it.
 
-pysyncobj's ``FileJournal`` trusts its file: a record whose length field is damaged makes its
-loader fail with a bare ``struct.error`` (or read garbage as entries), and a damaged command is
-only met when it is applied, where pysyncobj logs the exception and retries on every tick: the
-node stays up, applies nothing and never says which file is at fault.
+The journal's records carry a CRC (:mod:`chronomq.raftlog.journal`), so a record torn by a power cut is
+told from one damaged later: a torn tail is cut when the journal opens. :func:`check_journal`
+reads the file first and returns the first problem that cannot be repaired:
 
-:func:`check_journal` reads the file the way ``FileJournal`` does and checks what a healthy
-journal always satisfies, returning the first problem found:
+* its term and vote (``journal.meta``) cannot be read;
+* the header is not the journal's (or pysyncobj's format 1, read strictly: it has no CRC);
+* a record is bad and records written after it was synced follow it (damage, not a torn
+  write: see :data:`chronomq.raftlog.journal.TORN_GROUPS`);
+* entry indexes do not follow one another, or a term goes down;
+* a command does not decode: an unknown command type, or for a replicated call, our codec.
 
-* the header names pysyncobj's journal format 1 and its end offset lies inside the file;
-* every record's two length fields (before and after it) agree and it ends by that offset;
-* entry indexes follow one another and terms never go down;
-* every command decodes: a known command type, and for a replicated call, our command codec.
-
-A journal with a problem cannot be repaired locally: its entries may be ones this node
+A journal with such a problem cannot be repaired locally: its entries may be ones this node
 acknowledged to a leader, and dropping them could lose a committed write. The node refuses to
 start and says how to rebuild it from its peers.
 """
@@ -21,17 +19,12 @@ start and says how to rebuild it from its peers.
 from __future__ import annotations
 
 import os
-import struct
 from dataclasses import dataclass
-
-from pysyncobj.journal import FIRST_RECORD_OFFSET, JOURNAL_FORMAT_VERSION, LAST_RECORD_OFFSET_OFFSET
 
 from chronomq.raftlog import command as cmdcodec
 from chronomq.raftlog import safepickle
+from chronomq.raftlog.journal import JournalDamaged, load_meta, read_file
 
-_LEN = struct.Struct("<I")
-_ENTRY_HEAD = struct.Struct("<QQ")
-_FORMAT_OFFSET = LAST_RECORD_OFFSET_OFFSET - 4
 # pysyncobj's command types (pysyncobj.syncobj._COMMAND_TYPE).
 _REGULAR, _NO_OP, _MEMBERSHIP, _VERSION = 0, 1, 2, 3
 
@@ -44,47 +37,25 @@ class JournalProblem:
 
     def describe(self, path: str) -> str:
         where = f"entry {self.index}" if self.index is not None else "its header"
+        if self.index is None and self.offset:
+            where = "a record"
         return f"the Raft journal {path} is damaged at byte {self.offset} ({where}): {self.reason}"
 
 
 def check_journal(path: str) -> JournalProblem | None:
-    """The first problem in the journal file at ``path``; None when it is sound or absent."""
+    """The first problem in the journal file at ``path``; None when it is sound, absent, or
+    only ends in a torn record."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
+        load_meta(path + ".meta")
+        got = read_file(path)
+    except JournalDamaged as exc:
+        return JournalProblem(exc.offset, exc.index, exc.reason)
+    if got is None:
         return None
-    if len(data) < FIRST_RECORD_OFFSET:
-        return JournalProblem(0, None, f"{len(data)} bytes, shorter than the header")
-    (fmt,) = _LEN.unpack_from(data, _FORMAT_OFFSET)
-    (end,) = _LEN.unpack_from(data, LAST_RECORD_OFFSET_OFFSET)
-    if fmt != JOURNAL_FORMAT_VERSION:
-        return JournalProblem(_FORMAT_OFFSET, None, f"format {fmt}, expected 1")
-    if not FIRST_RECORD_OFFSET <= end <= len(data):
-        return JournalProblem(
-            LAST_RECORD_OFFSET_OFFSET, None, f"its end offset {end} lies outside the file"
-        )
-    at = FIRST_RECORD_OFFSET
-    last: tuple[int, int] | None = None
-    while at < end:
-        if at + 4 + _ENTRY_HEAD.size + 4 > end:
-            return JournalProblem(at, None, "a record runs past the journal's end")
-        (size,) = _LEN.unpack_from(data, at)
-        if size < _ENTRY_HEAD.size or at + size + 8 > end:
-            return JournalProblem(at, None, f"a record length of {size} runs past the end")
-        (trailer,) = _LEN.unpack_from(data, at + 4 + size)
-        if trailer != size:
-            return JournalProblem(at, None, f"record lengths {size} and {trailer} differ")
-        idx, term = _ENTRY_HEAD.unpack_from(data, at + 4)
-        if last is not None and (idx != last[0] + 1 or term < last[1]):
-            return JournalProblem(
-                at, idx, f"entry {idx} term {term} follows entry {last[0]} term {last[1]}"
-            )
-        problem = _command_problem(data[at + 4 + _ENTRY_HEAD.size : at + 4 + size])
+    for at, (command, index, _term) in zip(got.offsets, got.entries, strict=True):
+        problem = _command_problem(command)
         if problem is not None:
-            return JournalProblem(at, idx, problem)
-        last = (idx, term)
-        at += size + 8
+            return JournalProblem(at, index, problem)
     return None
 
 

@@ -12,7 +12,13 @@ Facts this relies on (pysyncobj 0.3.17):
   snapshot the store is emptied before ``SyncObj`` starts, since the whole journal replays;
 * a received snapshot is not checked by pysyncobj: ours carries its own length and hash;
 * an exception in the deserializer at start leaves the node wedged: we exit instead;
-* the journal is written through mmap without fsync; ``flush="sync"`` adds an msync per entry;
+* pysyncobj's journal is replaced by :class:`chronomq.raftlog.journal.DurableJournal` (CRC per record,
+  term and vote synced); with ``flush="sync"`` the entries appended in a tick are synced with
+  one ``fdatasync`` before this node counts them towards a commit (leader) or acknowledges them
+  (follower: its answers wait in :class:`chronomq.raftlog.transport.GuardedTransport` until the sync);
+* with either setting the CommitLog is synced before a snapshot that covers it is written, and
+  the snapshot is durable (file and directory) before the journal entries it covers are
+  dropped: between snapshots the CommitLog is rebuilt from the journal on restart;
 * pysyncobj's wire, admin commands and unpickling are replaced or closed as listed in
   :mod:`chronomq.raftlog.transport`.
 """
@@ -30,14 +36,14 @@ from typing import Any
 
 import pysyncobj.syncobj as _syncobj_module
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
-from pysyncobj.journal import FileJournal, createJournal
 from pysyncobj.monotonic import monotonic as _pso_monotonic
 from pysyncobj.syncobj import _RAFT_STATE
 from pysyncobj.transport import TCPNode
 
-from chronomq.raftlog import catchup, prevote, transport
+from chronomq.raftlog import catchup, durable, prevote, transport
 from chronomq.raftlog.config import RaftConfig
 from chronomq.raftlog.errors import StoreCorruption
+from chronomq.raftlog.journal import DurableJournal
 from chronomq.raftlog.journalcheck import check_journal, journal_advice
 from chronomq.raftlog.prevote import LogPosition, PreVoteRound, VoterState
 from chronomq.raftlog.removal import RemovalFile, RemovalNotice
@@ -49,21 +55,7 @@ log = logging.getLogger(__name__)
 
 _RAFT_STATE_LEADER = _RAFT_STATE.LEADER
 
-EXIT_STORE_FAULT = 70
-
-
-class _SyncedJournal(FileJournal):
-    """A file journal that msyncs every entry before pysyncobj acknowledges it."""
-
-    def add(self, command: bytes, idx: int, term: int) -> None:
-        super().add(command, idx, term)
-        self.flush()
-
-
-def _create_journal(path: str | None, synced: bool) -> Any:
-    if path is not None and synced:
-        return _SyncedJournal(path)
-    return createJournal(path)
+EXIT_STORE_FAULT = durable.EXIT_STORE_FAULT
 
 
 def _fatal(message: str) -> None:
@@ -218,11 +210,11 @@ class ReplicatedLog(SyncObj):
         transport_class = functools.partial(
             transport.GuardedTransport, settings=transport.settings_for(config)
         )
-        synced = config.flush == "sync"
-        # pysyncobj builds its journal through this module-level name; a synced journal is
-        # the only way to have entries durable before they are acknowledged.
+        self._group_sync = config.flush == "sync"
+        self._journal: DurableJournal | None = None
+        # pysyncobj builds its journal through this module-level name.
         original = _syncobj_module.createJournal
-        _syncobj_module.createJournal = lambda path: _create_journal(path, synced)
+        _syncobj_module.createJournal = self._create_journal
         try:
             super().__init__(
                 config.raft_address,
@@ -232,6 +224,29 @@ class ReplicatedLog(SyncObj):
             )
         finally:
             _syncobj_module.createJournal = original
+        if self._group_sync:
+            journal = self._journal
+            assert journal is not None
+            self._SyncObj__transport.ack_gate = lambda: journal.dirty
+
+    def _create_journal(self, path: str | None) -> Any:
+        assert path is not None
+        self._journal = DurableJournal(
+            path,
+            flush=self._cfg.flush,
+            flush_interval_ms=self._cfg.flush_interval_ms,
+            on_fault=_fatal,
+        )
+        return self._journal
+
+    def _sync_journal(self) -> None:
+        """Group commit (``flush="sync"``): one fdatasync for every entry appended since the
+        last, then the acknowledgements that waited for it are sent."""
+        journal = self._journal
+        if not self._group_sync or journal is None:
+            return
+        journal.sync()
+        self._SyncObj__transport.release_acks()
 
     # ------------------------------------------------------------------ pysyncobj hooks
 
@@ -245,6 +260,9 @@ class ReplicatedLog(SyncObj):
                 # applied) the leader's heartbeats wait unread in the socket: a follower reads
                 # them first, so that being busy is not taken for the leader's silence.
                 self._poller.poll(0)
+            # The leader counts its own entries towards a commit at the start of the tick: they
+            # are durable first.
+            self._sync_journal()
             self._campaign_gate()
             marking = self._transfer_election_term is not None
             if marking:
@@ -255,6 +273,8 @@ class ReplicatedLog(SyncObj):
                 if marking:
                     self._SyncObj__transport.vote_fields = None
                     self._end_transfer_election()
+            # Entries received in this tick's poll: synced, then acknowledged.
+            self._sync_journal()
             if self._transfer_watch:
                 self._transfer_tick()
         except OSError as exc:
@@ -632,6 +652,13 @@ class ReplicatedLog(SyncObj):
                 return
             self._proposals_held_until = None
         super()._checkCommandsToApply()
+        # One fdatasync for every command proposed in this tick (while the last sync ran,
+        # more arrived: RocketMQ's GroupCommitService), on the group-commit thread while
+        # this one polls for the followers' answers; the tick waits for it before counting
+        # this node towards a commit.
+        journal = self._journal
+        if self._group_sync and journal is not None:
+            journal.start_sync()
 
     def _fail_queued(self) -> None:
         queue = self._SyncObj__commandsQueue
@@ -755,6 +782,8 @@ class ReplicatedLog(SyncObj):
                 return kept
         try:
             self._store.restore(snap, self._fetch, self._peer_bytes)
+            # pysyncobj clears the journal next: what the snapshot covers is on disk first.
+            self._store.sync()
         except Exception as exc:
             log.exception("restoring snapshot at index %s failed", snap.get("index"))
             _fatal(f"restoring a snapshot failed: {exc}")
@@ -804,6 +833,7 @@ class ReplicatedLog(SyncObj):
             tmp = path + ".keep.tmp"
             self._write_dump(tmp, entry_s, entry_s1, list(raft["cluster"]))
             os.replace(tmp, path)
+            durable.fsync_dir(os.path.dirname(path))
         except OSError as exc:
             log.warning(
                 "writing a snapshot at index %d failed (%s): restoring instead", applied, exc
@@ -851,6 +881,16 @@ class ReplicatedLog(SyncObj):
         self._started = True
 
     # ------------------------------------------------------------------ status
+
+    def durability(self) -> dict[str, Any]:
+        """This node's journal syncs: how many, and the longest an entry waited for one (under
+        ``flush="async"``, what a power cut of every node could lose)."""
+        journal = self._journal
+        return {
+            "flush": self._cfg.flush,
+            "journal_syncs": journal.syncs if journal else 0,
+            "journal_unsynced_ms_max": round(journal.max_unsynced_s * 1000, 1) if journal else 0,
+        }
 
     def status(self) -> dict[str, Any]:
         st = self.getStatus()

@@ -88,6 +88,7 @@ class RaftLog:
             config.data_dir,
             segment_bytes=config.commitlog_segment_bytes,
             flush=config.flush,
+            flush_interval_ms=config.flush_interval_ms,
             idempotency_window=config.idempotency_window,
             client_window_ms=config.idempotency_window_s * 1000,
             client_max_keys=config.idempotency_max_keys,

@@ -40,7 +40,7 @@ from typing import Any
 
 import orjson
 
-from chronomq.raftlog import applycheck, record
+from chronomq.raftlog import applycheck, durable, record
 from chronomq.raftlog import command as cmdcodec
 from chronomq.raftlog.chain import BLOCK_BYTES, Chain, RangeCheck
 from chronomq.raftlog.commitlog import CommitLog
@@ -279,13 +279,20 @@ class Store:
         client_max_keys: int = DEFAULT_CLIENT_MAX_KEYS,
         topic_limits: TopicLimits | None = None,
         max_open_cq_files: int = DEFAULT_MAX_OPEN_FILES,
+        flush_interval_ms: int = 500,
     ) -> None:
         self.data_dir = Path(data_dir)
+        # Under either setting the CommitLog and the ConsumeQueues are synced in the
+        # background and before a snapshot (:meth:`sync`): past the last snapshot they are
+        # rebuilt from the Raft journal, which ``flush="sync"`` syncs before acknowledging.
         self.commitlog = CommitLog(
-            self.data_dir / "commitlog", segment_bytes=segment_bytes, flush=flush
+            self.data_dir / "commitlog",
+            segment_bytes=segment_bytes,
+            flush="async",
+            flush_interval_ms=flush_interval_ms,
         )
         self.cqs = ConsumeQueueStore(
-            self.data_dir / "consumequeue", max_open_files=max_open_cq_files, flush=flush
+            self.data_dir / "consumequeue", max_open_files=max_open_cq_files, flush="async"
         )
         self.topic_limits = topic_limits or TopicLimits()
         # Limits for commands that carry none (written before commands carried them).
@@ -840,9 +847,7 @@ class Store:
 
     def snapshot(self, raft: Mapping[str, object]) -> bytes:
         """The thin snapshot file's bytes; ``raft`` holds what pysyncobj needs back."""
-        if self.flush == "sync":
-            self.commitlog.sync()
-            self.cqs.sync()
+        self.sync()
         with self._ext_cond:
             for ext in self.extensions.values():
                 ext.before_snapshot(self.applied_index)
@@ -870,6 +875,18 @@ class Store:
             _SNAP_HEAD.pack(SNAPSHOT_MAGIC, len(payload), hashlib.sha256(payload).digest())
             + payload
         )
+
+    def sync(self) -> None:
+        """Make the CommitLog (and, under ``flush="sync"``, the ConsumeQueues) durable: a
+        snapshot must never cover bytes a power cut can take away, since the journal
+        entries it replaces are dropped after it."""
+        self.commitlog.sync()  # a failed fsync stops the node there
+        if self.flush == "sync":
+            try:
+                self.cqs.sync()
+            except OSError as exc:
+                durable.fail_stop(durable.fsync_failed(self.cqs.directory, exc))
+                raise
 
     def _range_digest(self, start: int, end: int) -> str:
         h = hashlib.sha256()

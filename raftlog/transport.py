@@ -10,8 +10,8 @@ Every adjustment to pysyncobj 0.3.17 that this takes, each small and in one plac
    ``pysyncobj.pickle``) and ``pysyncobj.journal.loads`` become
    :data:`chronomq.raftlog.safepickle.PYSYNCOBJ_PICKLE` / :func:`chronomq.raftlog.safepickle.loads_log`: the
    membership and version commands applied from the log, the reassembly of one large entry sent
-   as a 'transmission', and the journal's meta file are unpickled with an allowlist
-   (:func:`install`).
+   as a 'transmission', and a journal meta file of pysyncobj's format (read once by
+   :mod:`chronomq.raftlog.journal`, which writes JSON) are unpickled with an allowlist (:func:`install`).
 3. :class:`GuardedTransport`, given to ``SyncObj`` as its ``transportClass``, registers no
    utility command (pysyncobj's unauthenticated ``status``, ``add``, ``remove``,
    ``set_version``, ``transfer``: membership changes go through the HTTP admin API, which calls
@@ -23,11 +23,19 @@ Every adjustment to pysyncobj 0.3.17 that this takes, each small and in one plac
 5. :class:`GuardedTransport` adds ``"transfer": True`` to the ``request_vote`` messages of an
    election that a leadership transfer's TimeoutNow started (``vote_fields``), so voters can
    tell it from a campaign of a node that merely stopped hearing its leader.
+6. :class:`GuardedTransport` holds a follower's acknowledgements of appended entries
+   (``next_node_idx``) while ``ack_gate()`` says the journal has entries not yet synced; the
+   Raft thread syncs once per tick and then calls :meth:`GuardedTransport.release_acks`
+   (``flush="sync"``, raftlog/machine.py): one fsync for every entry received meanwhile.
+7. ``pysyncobj.serializer.atomicReplace`` (the rename of a written or received snapshot into
+   place) syncs the file and then its directory (:func:`durable_replace`): pysyncobj drops
+   the journal entries a snapshot covers right after it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -39,7 +47,7 @@ import pysyncobj.transport as _transport_module
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
-from chronomq.raftlog import safepickle, wire
+from chronomq.raftlog import durable, safepickle, wire
 from chronomq.raftlog.config import RaftConfig
 from chronomq.raftlog.wire import WireContext, WireSettings
 
@@ -66,6 +74,28 @@ def install() -> None:
     _syncobj_module.pickle = safepickle.PYSYNCOBJ_PICKLE
     _serializer_module.pickle = safepickle.PYSYNCOBJ_PICKLE
     _journal_module.loads = safepickle.loads_log
+    _serializer_module.atomicReplace = durable_replace
+
+
+def durable_replace(src: str, dst: str) -> None:
+    """Rename ``src`` over ``dst``, both the file's bytes and its new name synced; a failed
+    fsync stops the node."""
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        _synced(lambda: os.fsync(fd), src)
+    finally:
+        os.close(fd)
+    os.replace(src, dst)
+    folder = os.path.dirname(dst) or "."
+    _synced(lambda: durable.fsync_dir(folder), folder)
+
+
+def _synced(sync: Any, what: str) -> None:
+    try:
+        sync()
+    except OSError as exc:
+        durable.fail_stop(durable.fsync_failed(what, exc))
+        raise
 
 
 def _describe(message: Any) -> str:
@@ -105,8 +135,30 @@ class GuardedTransport(TCPTransport):
             return {**message, **fields}
         return message
 
+    #: While set and true, ``next_node_idx`` messages wait in :attr:`held_acks`.
+    ack_gate: Any = None
+    held_acks: list[tuple[Any, Any]] | None = None
+
     def send(self, node: Any, message: Any) -> bool:
+        gate = self.ack_gate
+        if (
+            gate is not None
+            and isinstance(message, dict)
+            and message.get("type") == "next_node_idx"
+            and (self.held_acks or gate())
+        ):
+            # Behind an earlier held answer too, so that the leader reads them in order.
+            if self.held_acks is None:
+                self.held_acks = []
+            self.held_acks.append((node, message))
+            return True
         return bool(super().send(node, self.marked(message)))
+
+    def release_acks(self) -> None:
+        """Send the held acknowledgements (the journal has just been synced)."""
+        held, self.held_acks = self.held_acks, None
+        for node, message in held or ():
+            super().send(node, message)
 
     def setOnUtilityMessageCallback(self, message: str, callback: Any) -> None:  # noqa: N802
         """pysyncobj's admin commands over the Raft port: none is registered."""

@@ -5,15 +5,18 @@ from __future__ import annotations
 import os
 import random
 import struct
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from chronomq.raftlog import record
+from chronomq.raftlog import durable, record
 from chronomq.raftlog.commitlog import CommitLog
 from chronomq.raftlog.errors import StoreCorruption
 
+from ._fsync import Faults
 from ._util import rec, segment_files
 
 SEG = 4096
@@ -439,3 +442,44 @@ def test_async_flush_syncs_on_close(log_dir: Path) -> None:
     cl.close()
     assert not cl._dirty
     cl.close()  # twice is harmless
+
+
+# ---------------------------------------------------------------------- power cuts
+
+
+def test_a_new_segment_s_name_is_synced_before_the_write_returns(log_dir: Path, spy: Any) -> None:
+    """A segment created just before a power cut: its directory entry is durable as soon as
+    the segment exists, so a sync of its bytes (before a snapshot, or by the flusher) is
+    never a sync of a file that the directory then forgets."""
+    cl = CommitLog(log_dir, segment_bytes=SEG, flush="sync")
+    try:
+        spy.calls.clear()
+        append(cl, [rec("t", 0, body_of(1000), i) for i in range(6)])  # rolls into segment 2
+        names = [p.name for p in segment_files(log_dir)]
+        assert len(names) == 2
+        paths = spy.paths()
+        # The directory is synced after each creation, before that segment's bytes are.
+        for created, name in enumerate(names, start=1):
+            before = paths[: paths.index(str(log_dir / name))]
+            assert before.count(str(log_dir)) == created
+    finally:
+        cl.close()
+
+
+def test_a_failed_background_fsync_is_fatal_and_never_forgotten(log_dir: Path, spy: Any) -> None:
+    """The flusher used to log a failed fsync and carry on; a later fsync could then succeed
+    without the dropped pages (fsyncgate). Now it calls the fault handler, and every later
+    sync fails as well."""
+    faults = Faults()
+    cl = CommitLog(log_dir, segment_bytes=SEG, flush="async", flush_interval_ms=5, on_fault=faults)
+    spy.fail = lambda path: path.startswith(str(log_dir / "0"))
+    append(cl, [rec("t", 0, b"x", 0)])
+    deadline = time.monotonic() + 10
+    while not faults.messages and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert faults.messages and "fsync of the CommitLog in" in faults.messages[0]
+    spy.fail = lambda path: False
+    with pytest.raises(durable.StorageFault):
+        cl.sync()
+    with pytest.raises(durable.StorageFault):
+        cl.close()
