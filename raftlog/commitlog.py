@@ -80,7 +80,7 @@ class CommitLog:
         if flush not in ("async", "sync"):
             raise ValueError(f"flush must be 'async' or 'sync', got {flush!r}")
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        durable.make_dirs(self.directory)
         self.segment_bytes = segment_bytes
         self.flush_mode = flush
         self._on_fault = on_fault

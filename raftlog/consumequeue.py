@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from chronomq.raftlog import record
+from chronomq.raftlog import durable, record
 from chronomq.raftlog.commitlog import CommitLog
 from chronomq.raftlog.errors import InvalidInput
 
@@ -82,7 +82,7 @@ class ConsumeQueueStore:
         if max_open_files < 1:
             raise ValueError("max_open_files must be at least 1")
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        durable.make_dirs(self.directory)
         self.max_open_files = max_open_files
         self.flush = flush
         self.evictions = 0
@@ -127,7 +127,7 @@ class ConsumeQueueStore:
             self._fds.move_to_end(key)
             return fd
         path = self._path(*key)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        durable.make_dirs(path.parent)
         # Make room first: the cache never holds more than its budget, even for a moment.
         while len(self._fds) >= self.max_open_files:
             self._evict_oldest()

@@ -53,6 +53,26 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def make_dirs(path: str | os.PathLike[str]) -> Path:
+    """``mkdir -p path``, each directory it creates made durable in its parent (a directory
+    whose name is not synced is gone after a power cut, with everything in it)."""
+    path = Path(path)
+    missing: list[Path] = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        if p.parent == p:
+            break
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            continue
+        fsync_dir(d.parent)
+    return path
+
+
 def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
     """Replace ``path`` by a file holding ``data``: either the old or the new file is found
     after a power cut, never a torn or empty one."""

@@ -133,7 +133,7 @@ class ReplicatedLog(SyncObj):
         store.peer_bytes = self._peer_bytes
         self._started = False
         raft_dir = Path(config.data_dir) / "raft"
-        raft_dir.mkdir(parents=True, exist_ok=True)
+        durable.make_dirs(raft_dir)
         self._dump_path = str(raft_dir / "snapshot")
         # Pre-vote and leader stickiness (raftlog/prevote.py), and this node's removal.
         self._removal_file = RemovalFile(raft_dir)

@@ -39,6 +39,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from chronomq.raftlog import durable
 from chronomq.timer.config import TimerConfig
 from chronomq.timer.cursor import ReadCursor
 from chronomq.timer.durable import replace_durably
@@ -214,7 +215,7 @@ def recover(data_dir: Path | str, config: TimerConfig) -> Recovered:
     TimerLog is verified and linked.
     """
     root = Path(data_dir)
-    root.mkdir(parents=True, exist_ok=True)
+    durable.make_dirs(root)
     geometry = config.geometry
     cp = load_checkpoint(root / CHECKPOINT_FILE)
     if cp is not None and cp.precision_ms != geometry.precision_ms:

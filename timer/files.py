@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from chronomq.raftlog import durable
 from chronomq.timer.checkpoint import (
     CHECKPOINT_FILE,
     TIMERLOG_DIR,
@@ -81,7 +82,7 @@ class TimerFiles:
 
     def __init__(self, root: Path | str, config: TimerConfig) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        durable.make_dirs(self.root)
         self.config = config
         cp = self._load_checkpoint()
         self.log = TimerLog.open(

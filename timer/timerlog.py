@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from enum import IntFlag
 from pathlib import Path
 
+from chronomq.raftlog import durable
 from chronomq.timer.errors import (
     BadMagic,
     ChainBroken,
@@ -258,7 +259,7 @@ class TimerLog:
                 field="timer_log_segment_bytes",
             )
         path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
+        durable.make_dirs(path)
         usable = (segment_bytes // RECORD_SIZE) * RECORD_SIZE
         bases = sorted(int(p.name) for p in path.iterdir() if _SEGMENT_NAME.match(p.name))
         for i, base in enumerate(bases):

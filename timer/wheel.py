@@ -43,6 +43,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from chronomq.raftlog import durable
 from chronomq.timer.durable import replace_durably
 from chronomq.timer.errors import (
     BadMagic,
@@ -317,7 +318,7 @@ class TimerWheel:
 
 
 def _create(path: Path, geometry: SlotGeometry, size: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    durable.make_dirs(path.parent)
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
