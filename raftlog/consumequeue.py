@@ -127,7 +127,9 @@ class ConsumeQueueStore:
             self._fds.move_to_end(key)
             return fd
         path = self._path(*key)
-        durable.make_dirs(path.parent)
+        # A topic's folder is not synced in its parent: ConsumeQueues are derived, and a store
+        # that finds one short after a power cut rebuilds it from the CommitLog.
+        path.parent.mkdir(parents=True, exist_ok=True)
         # Make room first: the cache never holds more than its budget, even for a moment.
         while len(self._fds) >= self.max_open_files:
             self._evict_oldest()
