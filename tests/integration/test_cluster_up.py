@@ -52,7 +52,7 @@ def test_cluster_up_prints_urls_and_ready_then_stops_cleanly(tmp_path: Path) -> 
     cmd = [
         sys.executable,
         "-m",
-        "cluster",
+        "chronomq",
         "cluster",
         "up",
         "--nodes",

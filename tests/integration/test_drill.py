@@ -27,7 +27,7 @@ def drill_cmd(
     return [
         sys.executable,
         "-m",
-        "cluster",
+        "chronomq",
         "drill",
         "--nodes",
         str(nodes),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import pickle
 import shutil
 import socket
@@ -56,7 +57,13 @@ def _exchange(address: tuple[str, int], payload: bytes) -> bytes:
     out = b""
     with socket.create_connection(address, timeout=10) as sock:
         sock.sendall(payload)
-        sock.shutdown(socket.SHUT_WR)
+        # The server may already have refused and closed (ENOTCONN): that is an answer too.
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            if exc.errno != errno.ENOTCONN:
+                raise
+            return out
         with contextlib.suppress(ConnectionResetError):
             while chunk := sock.recv(1 << 16):
                 out += chunk
