@@ -38,6 +38,7 @@ from rocketmq.grpc_protocol import service_pb2 as spb
 from chronomq.cluster import api_pop, reserved
 from chronomq.cluster.api_pop import ReceiveArgs
 from chronomq.cluster.errors import ApiError, bad_request
+from chronomq.cluster.pop.handle import MAX_HANDLE_CHARS
 from chronomq.cluster.pop.machine import group_problem
 from chronomq.cluster.pop.state import MAX_INVISIBLE_MS, MAX_POP_MESSAGES, MIN_INVISIBLE_MS
 from chronomq.cluster.rocketmq import codes, convert
@@ -98,6 +99,35 @@ def tags_of(expression: pb.FilterExpression) -> tuple[str, ...] | None:
     return tags
 
 
+def invisible_ms_of(d: duration_pb2.Duration) -> int:
+    """An invisible duration in ms, within what pop accepts (else ILLEGAL_INVISIBLE_TIME)."""
+    ms = duration_ms(d)
+    if not MIN_INVISIBLE_MS <= ms <= MAX_INVISIBLE_MS:
+        raise ApiError(
+            400,
+            "illegal_invisible_time",
+            f"invisible_duration must be {MIN_INVISIBLE_MS // 1000} s to "
+            f"{MAX_INVISIBLE_MS // 3_600_000} h",
+            "invisible_duration",
+        )
+    return ms
+
+
+def check_handle(text: str, field: str = "receipt_handle") -> str:
+    """A receipt handle's text, before it is decoded (INVALID_RECEIPT_HANDLE naming ``field``)."""
+    if not 0 < len(text) <= MAX_HANDLE_CHARS:
+        raise ApiError(400, "invalid_receipt_handle", "not a receipt handle", field)
+    return text
+
+
+def expired() -> pb.Status:
+    """What an ack, a change or a forward of a hand-out that is over answers."""
+    return pb.Status(
+        code=Code.INVALID_RECEIPT_HANDLE,
+        message="expired: the message was handed out again, revived or sent to the DLQ",
+    )
+
+
 def receive_args(
     request: spb.ReceiveMessageRequest, max_wait_ms: int, remaining_s: float | None
 ) -> ReceiveArgs:
@@ -107,15 +137,7 @@ def receive_args(
     if reserved.is_system_topic(topic):
         raise ApiError(400, "illegal_topic", f"{topic} is a system topic", "topic")
     if request.HasField("invisible_duration"):
-        invisible_ms = duration_ms(request.invisible_duration)
-        if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
-            raise ApiError(
-                400,
-                "illegal_invisible_time",
-                f"invisible_duration must be {MIN_INVISIBLE_MS // 1000} s to "
-                f"{MAX_INVISIBLE_MS // 3_600_000} h",
-                "invisible_duration",
-            )
+        invisible_ms = invisible_ms_of(request.invisible_duration)
     elif request.auto_renew:
         invisible_ms = AUTO_RENEW_INVISIBLE_MS
     else:
@@ -287,13 +309,7 @@ class ConsumeRpcs(ServicerBase):
             raise bad_request(f"ack 1..{api_pop.MAX_ACK_HANDLES} entries at a time", "entries")
         handles = [e.receipt_handle for e in request.entries]
         for i, h in enumerate(handles):
-            if not 0 < len(h) <= 512:
-                raise ApiError(
-                    400,
-                    "invalid_receipt_handle",
-                    "not a receipt handle",
-                    f"entries[{i}].receipt_handle",
-                )
+            check_handle(h, f"entries[{i}].receipt_handle")
         broker = self.broker
 
         async def local() -> dict[str, Any]:
@@ -322,13 +338,7 @@ class ConsumeRpcs(ServicerBase):
                 spb.AckMessageResultEntry(
                     message_id=e.message_id,
                     receipt_handle=e.receipt_handle,
-                    status=make_status()
-                    if ok
-                    else pb.Status(
-                        code=Code.INVALID_RECEIPT_HANDLE,
-                        message="expired: the message was handed out again, revived or "
-                        "sent to the DLQ",
-                    ),
+                    status=make_status() if ok else expired(),
                 )
             )
         self.metrics.acked.inc(len(entries) - failed)
@@ -344,18 +354,8 @@ class ConsumeRpcs(ServicerBase):
     async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
         group = check_group(request.group.name)
         record.validate_topic(request.topic.name, "topic")
-        handle = request.receipt_handle
-        if not 0 < len(handle) <= 512:
-            raise ApiError(400, "invalid_receipt_handle", "not a receipt handle", "receipt_handle")
-        invisible_ms = duration_ms(request.invisible_duration)
-        if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
-            raise ApiError(
-                400,
-                "illegal_invisible_time",
-                f"invisible_duration must be {MIN_INVISIBLE_MS // 1000} s to "
-                f"{MAX_INVISIBLE_MS // 3_600_000} h",
-                "invisible_duration",
-            )
+        handle = check_handle(request.receipt_handle)
+        invisible_ms = invisible_ms_of(request.invisible_duration)
         broker = self.broker
 
         async def local() -> dict[str, Any]:
@@ -370,12 +370,7 @@ class ConsumeRpcs(ServicerBase):
             self._budget_s(context),
         )
         if answer.get("status") != "changed" or not answer.get("receipt_handle"):
-            return spb.ChangeInvisibleDurationResponse(
-                status=pb.Status(
-                    code=Code.INVALID_RECEIPT_HANDLE,
-                    message="expired: the message was handed out again, revived or sent to the DLQ",
-                )
-            )
+            return spb.ChangeInvisibleDurationResponse(status=expired())
         return spb.ChangeInvisibleDurationResponse(
             status=make_status(), receipt_handle=str(answer["receipt_handle"])
         )
@@ -384,9 +379,7 @@ class ConsumeRpcs(ServicerBase):
     async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
         group = check_group(request.group.name)
         record.validate_topic(request.topic.name, "topic")
-        handle = request.receipt_handle
-        if not 0 < len(handle) <= 512:
-            raise ApiError(400, "invalid_receipt_handle", "not a receipt handle", "receipt_handle")
+        handle = check_handle(request.receipt_handle)
         broker = self.broker
 
         async def local() -> dict[str, Any]:
@@ -400,10 +393,5 @@ class ConsumeRpcs(ServicerBase):
             self._budget_s(context),
         )
         if answer.get("status") != "forwarded":
-            return spb.ForwardMessageToDeadLetterQueueResponse(
-                status=pb.Status(
-                    code=Code.INVALID_RECEIPT_HANDLE,
-                    message="expired: the message was handed out again, revived or sent to the DLQ",
-                )
-            )
+            return spb.ForwardMessageToDeadLetterQueueResponse(status=expired())
         return spb.ForwardMessageToDeadLetterQueueResponse(status=make_status())
