@@ -31,7 +31,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from chronomq.cluster import logs, reserved
+from chronomq.cluster import logs, models, reserved
 from chronomq.cluster.auth import auth_middleware
 from chronomq.cluster.broker import Broker
 from chronomq.cluster.config import ConfigError, host_port_problem, http_url_problem
@@ -367,10 +367,8 @@ async def produce(request: web.Request) -> web.Response:
     # the largest one allowed.
     size = request.content_length
     with broker.hold_request(size if size is not None else broker.config.max_request_bytes):
-        body = await read_json(request)
-        if not isinstance(body, dict):
-            raise bad_request("the body must be a JSON object with a messages list", "body")
-        result = await broker.produce(request.match_info["topic"], body.get("messages"), idem)
+        body = models.decode(await request.read(), models.ProduceRequest)
+        result = await broker.produce(request.match_info["topic"], body.messages, idem)
     request.app[METRICS].produced.inc(len(result["results"]))
     return json_response(result)
 
@@ -762,7 +760,8 @@ async def readyz(request: web.Request) -> web.Response:
 async def openapi(request: web.Request) -> web.Response:
     from chronomq.cluster.openapi import spec
 
-    return json_response(spec(request.app[BROKER].config.metrics_public))
+    config = request.app[BROKER].config
+    return json_response(spec(config.metrics_public, auth_required=bool(config.auth_token)))
 
 
 async def metrics(request: web.Request) -> web.Response:
