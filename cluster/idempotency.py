@@ -17,7 +17,6 @@ import base64
 import hashlib
 import struct
 from collections.abc import Sequence
-from typing import Any
 
 import orjson
 

@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from chronomq.cluster.errors import ApiError, bad_request
+from chronomq.cluster.errors import bad_request
 
 T = TypeVar("T")
 

@@ -245,6 +245,20 @@ _SECURITY_SCHEMES = {
 }
 
 
+_QUERY: dict[str, dict[str, Any]] = {
+    # Bounds that depend on the node's config (max_pull_messages, max_wait_ms,
+    # max_topics_listed) are checked by the handler and answered 400 naming the parameter.
+    "topic": {"type": "string"},
+    "after": {"type": "string"},
+    "key": {"type": "string"},
+    "max": {"type": "integer", "minimum": 1},
+    "limit": {"type": "integer", "minimum": 1},
+    "minutes": {"type": "integer", "minimum": 1, "maximum": 60},
+    "buckets": {"type": "integer", "minimum": 1, "maximum": 120},
+}
+"""Query parameters' schemas; any other is a non-negative integer."""
+
+
 def _is_model(schema: Any) -> bool:
     return isinstance(schema, type) and issubclass(schema, msgspec.Struct)
 
@@ -279,7 +293,7 @@ def spec(metrics_public: bool = False, auth_required: bool = True) -> dict[str, 
                     "name": q,
                     "in": "query",
                     "required": False,
-                    "schema": {"type": "string" if q in ("topic", "after") else "integer"},
+                    "schema": _QUERY.get(q, {"type": "integer", "minimum": 0}),
                 }
                 for q in query
             ],
