@@ -370,7 +370,15 @@ class Broker:
                     )
                 out.append(
                     timer(
-                        topic, body, queue, props, delays[0], getattr(m, delays[0]), store_ms, f, extra
+                        topic,
+                        body,
+                        queue,
+                        props,
+                        delays[0],
+                        getattr(m, delays[0]),
+                        store_ms,
+                        f,
+                        extra,
                     )
                 )
                 extras.append(extra)

@@ -284,9 +284,7 @@ class AddMember(Request):
     id: Id
     raft: Annotated[str, Meta(description="host:port")]
     http: Annotated[str, Meta(description="URL")]
-    fetch: Annotated[str | None, Meta(description="host:port; default the raft port + 1000")] = (
-        None
-    )
+    fetch: Annotated[str | None, Meta(description="host:port; default the raft port + 1000")] = None
 
 
 class ScheduleControls(Request):
@@ -302,8 +300,11 @@ class RetryRequest(Request):
     offset: Annotated[int, Meta(ge=0, lt=2**62)]
     delay_level: Annotated[
         int,
-        Meta(ge=-1, le=1_000_000, description="0 (default): 3 + reconsume times; > 0 as given; "
-             "-1: DLQ"),
+        Meta(
+            ge=-1,
+            le=1_000_000,
+            description="0 (default): 3 + reconsume times; > 0 as given; -1: DLQ",
+        ),
     ] = 0
 
 

@@ -24,10 +24,10 @@ from chronomq.cluster.broker import VERSION
 
 _ERROR: Any = models.Error
 
+
 def _object(**fields: str) -> dict[str, Any]:
     """An answer's object schema from field names and their JSON types."""
     return {"type": "object", "properties": {k: {"type": t} for k, t in fields.items()}}
-
 
 
 _TRANSFER_FIELDS: dict[str, Any] = {
