@@ -71,34 +71,14 @@ ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
     ),
     ("PATCH", "/v1/admin/schedule"): (
         "Switch the delivery mode (sync or async) or pause delivery, cluster-wide.",
-        {
-            "type": "object",
-            "properties": {
-                "mode": {"type": "string", "enum": ["sync", "async"]},
-                "paused": {"type": "boolean"},
-            },
-            "additionalProperties": False,
-        },
+        models.ScheduleControls,
         {"type": "object"},
         [],
     ),
     ("POST", "/v1/groups/{group}/retry"): (
         "Send a consumed message back for redelivery through the delay levels "
         "(%RETRY%{group}, then %DLQ%{group} after max_reconsume_times).",
-        {
-            "type": "object",
-            "required": ["topic", "queue", "offset"],
-            "properties": {
-                "topic": {"type": "string"},
-                "queue": {"type": "integer", "minimum": 0},
-                "offset": {"type": "integer", "minimum": 0},
-                "delay_level": {
-                    "type": "integer",
-                    "description": "0 (default): 3 + reconsume times; > 0 as given; < 0: DLQ",
-                },
-            },
-            "additionalProperties": False,
-        },
+        models.RetryRequest,
         {
             "type": "object",
             "properties": {

@@ -88,14 +88,7 @@ ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
     ),
     ("POST", "/v1/admin/timer/switches"): (
         "Stop or start timer enqueue and delivery cluster-wide (replicated).",
-        {
-            "type": "object",
-            "properties": {
-                "stop_enqueue": {"type": "boolean"},
-                "stop_dequeue": {"type": "boolean"},
-            },
-            "additionalProperties": False,
-        },
+        models.TimerSwitches,
         {"type": "object"},
         [],
     ),

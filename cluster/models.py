@@ -60,7 +60,8 @@ def field_of(error: msgspec.ValidationError) -> tuple[str, str]:
     an unknown or missing field is named itself; the body as a whole is ``body``."""
     text = str(error)
     m = _AT.search(text)
-    path = m["path"].lstrip(".") if m else ""
+    # A dict's value is at `[...]`: the field is the dict, as the hand-written checks named it.
+    path = m["path"].lstrip(".").replace("[...]", "") if m else ""
     message = text[: m.start()] if m else text
     named = _UNKNOWN.match(message) or _MISSING.match(message)
     if named:
