@@ -31,13 +31,20 @@ from chronomq.cluster.errors import bad_request
 
 T = TypeVar("T")
 
-NonNegative = Annotated[int, Meta(ge=0)]
+Int = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+"""JSON integers are read as 64-bit, as orjson reads them; a larger one is refused naming
+the field rather than carried into a command."""
+NonNegative = Annotated[int, Meta(ge=0, le=2**63 - 1)]
 Id = Annotated[int, Meta(ge=0, le=1023)]
 
 
 def _doc_only(**schema: Any) -> Meta:
-    """A bound the schema states and a handler check enforces (with its own error code)."""
-    return Meta(extra_json_schema=schema)
+    """A bound the schema states and a handler check enforces (with its own error code); the
+    model itself refuses only integers beyond 64 bits (the handler refuses those below its
+    minimum)."""
+    if "maximum" in schema:  # the handler's check refuses the large ones too
+        return Meta(extra_json_schema=schema)
+    return Meta(le=2**63 - 1, extra_json_schema=schema)
 
 
 class Request(Struct, forbid_unknown_fields=True, omit_defaults=True):
