@@ -22,14 +22,25 @@ size and cost more per message; and msgspec's JSON Schema generator
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from chronomq.cluster.errors import bad_request
+from chronomq.cluster.pop.machine import MAX_FILTER_TAGS
+from chronomq.cluster.pop.state import (
+    MAX_INVISIBLE_MS,
+    MAX_POP_MESSAGES,
+    MAX_RECONSUME_TIMES_CEILING,
+    MIN_INVISIBLE_MS,
+)
 
 T = TypeVar("T")
+
+MAX_ACK_HANDLES: Final = 1024
+"""Handles one ack request may name (sent to Raft in commands of
+:data:`~chronomq.cluster.pop.state.MAX_ITEMS_PER_COMMAND`)."""
 
 Int = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 """JSON integers are read as 64-bit, as orjson reads them; a larger one is refused naming
@@ -365,3 +376,73 @@ class Digest(Answer):
 class MemberAdded(Answer):
     status: str
     id: int
+
+
+# ---------------------------------------------------------------------- pop consumption
+
+Handle = Annotated[str, Meta(min_length=1, max_length=512)]
+InvisibleMs = Annotated[int, Meta(ge=MIN_INVISIBLE_MS, le=MAX_INVISIBLE_MS)]
+ReconsumeTimes = Annotated[int, Meta(ge=0, le=MAX_RECONSUME_TIMES_CEILING)]
+
+
+class PopRequest(Request):
+    """Null is the same as absent (the default) in every optional field."""
+
+    topic: Annotated[str, Meta(min_length=1)]
+    queue: Annotated[int, Meta(ge=-1, le=65_535, description="-1 or null: every queue")] | None = (
+        None
+    )
+    max: Annotated[int, Meta(ge=1, le=MAX_POP_MESSAGES)] | None = None
+    invisible_ms: InvisibleMs | None = None
+    wait_ms: Annotated[int, _doc_only(minimum=0, description="at most max_wait_ms")] | None = None
+    tags: (
+        Annotated[
+            list[Annotated[str, Meta(min_length=1, max_length=255)]],
+            Meta(min_length=1, max_length=MAX_FILTER_TAGS, description="null: every tag"),
+        ]
+        | None
+    ) = None
+    max_reconsume_times: ReconsumeTimes | None = None
+
+
+class PopMessage(MessageOut, kw_only=True):
+    receipt_handle: str
+    delivery_attempt: Annotated[int, Meta(ge=1)]
+    invisible_until_ms: int
+
+
+class PopAnswer(Answer):
+    messages: list[PopMessage]
+
+
+class AckRequest(Request):
+    receipt_handles: Annotated[list[Handle], Meta(min_length=1, max_length=MAX_ACK_HANDLES)]
+
+
+class AckResult(Answer):
+    receipt_handle: str
+    status: Literal["acked", "already_acked", "expired"]
+
+
+class AckAnswer(Answer):
+    results: list[AckResult]
+
+
+class InvisibleRequest(Request):
+    receipt_handle: Handle
+    invisible_ms: InvisibleMs
+    max_reconsume_times: ReconsumeTimes | None = None
+
+
+class InvisibleAnswer(Answer):
+    status: Literal["changed", "expired"]
+    receipt_handle: str | None
+    invisible_until_ms: int | None
+
+
+class DlqRequest(Request):
+    receipt_handle: Handle
+
+
+class DlqAnswer(Answer):
+    status: Literal["forwarded", "expired"]

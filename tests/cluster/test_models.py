@@ -83,10 +83,6 @@ HAND_WRITTEN_REQUESTS = {
     # each other until they move to models. Nothing may join this list.
     ("PATCH", "/v1/admin/config"),  # generated from the runtime keys of cluster.config
     ("POST", "/v1/admin/node/removal"),  # a signed notice, checked byte for byte
-    ("POST", "/v1/groups/{group}/pop"),
-    ("POST", "/v1/groups/{group}/ack"),
-    ("POST", "/v1/groups/{group}/invisible"),
-    ("POST", "/v1/groups/{group}/dlq"),
 }
 
 
