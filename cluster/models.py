@@ -42,10 +42,10 @@ MAX_ACK_HANDLES: Final = 1024
 """Handles one ack request may name (sent to Raft in commands of
 :data:`~chronomq.cluster.pop.state.MAX_ITEMS_PER_COMMAND`)."""
 
-Int = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
-"""JSON integers are read as 64-bit, as orjson reads them; a larger one is refused naming
-the field rather than carried into a command."""
-NonNegative = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+_INT_MAX = 2**63 - 1
+"""The largest integer a bounded field takes (msgspec bounds are 64-bit); a larger one is
+refused naming its field rather than carried further."""
+NonNegative = Annotated[int, Meta(ge=0, le=_INT_MAX)]
 Id = Annotated[int, Meta(ge=0, le=1023)]
 
 
@@ -55,7 +55,7 @@ def _doc_only(**schema: Any) -> Meta:
     minimum)."""
     if "maximum" in schema:  # the handler's check refuses the large ones too
         return Meta(extra_json_schema=schema)
-    return Meta(le=2**63 - 1, extra_json_schema=schema)
+    return Meta(le=_INT_MAX, extra_json_schema=schema)
 
 
 class Request(Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -227,7 +227,7 @@ class CreateTopic(Request):
 
 class OffsetCommit(Request):
     topic: str
-    queue: NonNegative
+    queue: Annotated[int, Meta(ge=0, description="a queue of the topic; another is 404")]
     offset: NonNegative
 
 
