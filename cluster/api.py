@@ -718,12 +718,21 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
+    # Not ready answers are errors like any other (and keep the status field probes read).
     if broker.raftlog.removal is not None:
         # Not ready, and not something a retry fixes: 410, as the client routes answer.
-        return json_response({"status": "removed_from_cluster"}, status=410)
+        gone = "this node was removed from the cluster"
+        raise ApiError(410, "removed_from_cluster", gone, extra={"status": "removed_from_cluster"})
     leader = broker.raftlog.leader_address()
     if leader is None:
-        return json_response({"status": "no_leader"}, status=503, headers={"Retry-After": "1"})
+        raise ApiError(
+            503,
+            "no_leader",
+            "no leader is known yet; retry shortly",
+            None,
+            {"Retry-After": "1"},
+            {"status": "no_leader"},
+        )
     return json_response({"status": "ready", "leader": broker.node_id_of(leader)})
 
 

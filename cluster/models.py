@@ -446,3 +446,11 @@ class DlqRequest(Request):
 
 class DlqAnswer(Answer):
     status: Literal["forwarded", "expired"]
+
+
+class Ready(Answer):
+    """``/readyz``'s 200; not ready is an error (503 no_leader, 410 removed_from_cluster)
+    with ``status`` as well."""
+
+    status: Literal["ready"]
+    leader: Annotated[int | None, Meta(description="the leader's id (null: not a member)")]

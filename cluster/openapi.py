@@ -218,7 +218,7 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
     ("GET", "/readyz"): (
         "200 once the node knows a leader, else 503; 410 on a node removed from the cluster.",
         None,
-        _object(status="string", leader="integer"),
+        models.Ready,
         [],
     ),
     ("GET", "/metrics"): ("Prometheus metrics.", None, {"type": "string"}, []),
