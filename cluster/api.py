@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import aiohttp
+import msgspec
 import orjson
 from aiohttp import web
 from prometheus_client import (
@@ -31,7 +32,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from chronomq.cluster import logs, reserved
+from chronomq.cluster import logs, models, reserved
 from chronomq.cluster.auth import auth_middleware
 from chronomq.cluster.broker import Broker
 from chronomq.cluster.config import ConfigError, host_port_problem, http_url_problem
@@ -367,10 +368,8 @@ async def produce(request: web.Request) -> web.Response:
     # the largest one allowed.
     size = request.content_length
     with broker.hold_request(size if size is not None else broker.config.max_request_bytes):
-        body = await read_json(request)
-        if not isinstance(body, dict):
-            raise bad_request("the body must be a JSON object with a messages list", "body")
-        result = await broker.produce(request.match_info["topic"], body.get("messages"), idem)
+        body = models.decode(await request.read(), models.ProduceRequest)
+        result = await broker.produce(request.match_info["topic"], body.messages, idem)
     request.app[METRICS].produced.inc(len(result["results"]))
     return json_response(result)
 
@@ -458,12 +457,8 @@ async def create_topic(request: web.Request) -> web.Response:
     if forwarded is not None:
         return forwarded
     broker = request.app[BROKER]
-    body = await read_json(request)
-    queues = (
-        body.get("queues", broker.config.default_topic_queues) if isinstance(body, dict) else None
-    )
-    if not isinstance(queues, int) or isinstance(queues, bool):
-        raise bad_request("queues must be an integer", "queues")
+    body = models.decode(await request.read(), models.CreateTopic)
+    queues = broker.config.default_topic_queues if body.queues is msgspec.UNSET else body.queues
     topic = request.match_info["topic"]
     reserved.check_user_topic(topic)
     existing = broker.raftlog.store.queue_count(topic)
@@ -485,21 +480,14 @@ async def put_offset(request: web.Request) -> web.Response:
         return forwarded
     broker = request.app[BROKER]
     group = request.match_info["group"]
-    body = await read_json(request)
-    if not isinstance(body, dict):
-        raise bad_request("the body must be an object with topic, queue and offset", "body")
-    topic, queue, offset = body.get("topic"), body.get("queue"), body.get("offset")
-    if not isinstance(topic, str):
-        raise bad_request("topic is required", "topic")
+    body = models.decode(await request.read(), models.OffsetCommit)
+    topic, queue, offset = body.topic, body.queue, body.offset
     broker.queue_count(topic)  # 404 for an unknown topic
-    for name, v in (("queue", queue), ("offset", offset)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise bad_request(f"{name} must be a non-negative integer", name)
-    broker.check_queue(topic, queue)  # type: ignore[arg-type]
+    broker.check_queue(topic, queue)
     from chronomq.raftlog.record import validate_topic
 
     validate_topic(group, "group")
-    await broker.commit_offset(group, topic, queue, offset)  # type: ignore[arg-type]
+    await broker.commit_offset(group, topic, queue, offset)
     return json_response({"group": group, "topic": topic, "queue": queue, "offset": offset})
 
 
@@ -622,30 +610,17 @@ async def leadership_transfer(request: web.Request) -> web.Response:
         forwarded = await forward_to_leader(request, MAX_TIMEOUT_MS / 1000 + 5)
         if forwarded is not None:
             return forwarded
-    body = await read_json(request) if request.body_exists else {}
-    target, timeout_ms = _transfer_request(body)
+    body = (
+        models.decode(await request.read(), models.TransferRequest)
+        if request.body_exists
+        else models.TransferRequest()
+    )
+    target = body.to
+    timeout_ms = DEFAULT_TIMEOUT_MS if body.timeout_ms is msgspec.UNSET else body.timeout_ms
 
     result = await transfer_leadership(broker, target, timeout_ms / 1000)
     request.app[METRICS].transfers.labels(result.outcome.value).inc()
     return _transfer_answer(broker, result)
-
-
-def _transfer_request(body: Any) -> tuple[int | None, int]:
-    if not isinstance(body, dict):
-        raise bad_request('the body must be an object, e.g. {"to": 1}', "body")
-    unknown = sorted(set(body) - {"to", "timeout_ms"})
-    if unknown:
-        raise bad_request(f"unknown field {unknown[0]!r}", unknown[0])
-    target = body.get("to")
-    # True == 1 and 1.0 == 1 are not ids.
-    if target is not None and (type(target) is not int or not 0 <= target <= 1023):
-        raise bad_request(f"to must be a member id (an integer 0..1023), got {target!r}", "to")
-    timeout_ms = body.get("timeout_ms", DEFAULT_TIMEOUT_MS)
-    if type(timeout_ms) is not int or not 1 <= timeout_ms <= MAX_TIMEOUT_MS:
-        raise bad_request(
-            f"timeout_ms must be an integer 1..{MAX_TIMEOUT_MS}, got {timeout_ms!r}", "timeout_ms"
-        )
-    return target, timeout_ms
 
 
 _TRANSFER_ERRORS = {
@@ -699,15 +674,8 @@ async def add_member(request: web.Request) -> web.Response:
         return forwarded
     from chronomq.cluster.config import Peer
 
-    body = await read_json(request)
-    if not isinstance(body, dict):
-        raise bad_request("the body must be an object with id, raft and http", "body")
-    unknown = sorted(set(body) - {"id", "raft", "http", "fetch"})
-    if unknown:
-        raise bad_request(f"unknown field {unknown[0]!r}", unknown[0])
-    pid, raft, http = body.get("id"), body.get("raft"), body.get("http")
-    if not isinstance(pid, int) or isinstance(pid, bool) or not 0 <= pid <= 1023:
-        raise bad_request("id must be an integer 0..1023", "id")
+    body = models.decode(await request.read(), models.AddMember)
+    pid, raft, http = body.id, body.raft, body.http
     problem = host_port_problem(raft)
     if problem:
         raise bad_request(f"raft {problem}", "raft")
@@ -715,7 +683,7 @@ async def add_member(request: web.Request) -> web.Response:
     if problem:
         raise bad_request(f"http {problem}", "http")
     host, _, port = str(raft).rpartition(":")
-    fetch = body.get("fetch") or f"{host}:{int(port) + 1000}"
+    fetch = body.fetch or f"{host}:{int(port) + 1000}"
     problem = host_port_problem(fetch)
     if problem:
         raise bad_request(f"fetch {problem}", "fetch")
@@ -750,19 +718,29 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
+    # Not ready answers are errors like any other (and keep the status field probes read).
     if broker.raftlog.removal is not None:
         # Not ready, and not something a retry fixes: 410, as the client routes answer.
-        return json_response({"status": "removed_from_cluster"}, status=410)
+        gone = "this node was removed from the cluster"
+        raise ApiError(410, "removed_from_cluster", gone, extra={"status": "removed_from_cluster"})
     leader = broker.raftlog.leader_address()
     if leader is None:
-        return json_response({"status": "no_leader"}, status=503, headers={"Retry-After": "1"})
+        raise ApiError(
+            503,
+            "no_leader",
+            "no leader is known yet; retry shortly",
+            None,
+            {"Retry-After": "1"},
+            {"status": "no_leader"},
+        )
     return json_response({"status": "ready", "leader": broker.node_id_of(leader)})
 
 
 async def openapi(request: web.Request) -> web.Response:
     from chronomq.cluster.openapi import spec
 
-    return json_response(spec(request.app[BROKER].config.metrics_public))
+    config = request.app[BROKER].config
+    return json_response(spec(config.metrics_public, auth_required=bool(config.auth_token)))
 
 
 async def metrics(request: web.Request) -> web.Response:

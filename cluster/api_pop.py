@@ -24,17 +24,13 @@ from typing import Any, Final, TypeVar
 
 from aiohttp import web
 
-from chronomq.cluster import reserved
+from chronomq.cluster import models, reserved
 from chronomq.cluster.errors import ApiError, bad_request
 from chronomq.cluster.pop.handle import InvalidHandle
-from chronomq.cluster.pop.machine import MAX_FILTER_TAGS, topic_problem
+from chronomq.cluster.pop.machine import topic_problem
 from chronomq.cluster.pop.service import AckResult, ChangeResult, ForwardResult, PopError, Popped
 from chronomq.cluster.pop.state import (
-    MAX_INVISIBLE_MS,
     MAX_ITEMS_PER_COMMAND,
-    MAX_POP_MESSAGES,
-    MAX_RECONSUME_TIMES_CEILING,
-    MIN_INVISIBLE_MS,
 )
 from chronomq.cluster.pull import message_json
 from chronomq.raftlog.errors import NotLeader
@@ -44,32 +40,7 @@ T = TypeVar("T")
 RECHECK_S: Final = 5.0
 """A waiting receive looks again at least this often (it is woken by a new message on its
 queues and by a revive on this node; this is only a safety net)."""
-MAX_ACK_HANDLES: Final = 1024
-"""Handles one ack request may name (sent to Raft in commands of
-:data:`~chronomq.cluster.pop.state.MAX_ITEMS_PER_COMMAND`)."""
 
-_MESSAGE = {
-    "type": "object",
-    "required": ["msg_id", "queue", "offset", "receipt_handle", "delivery_attempt"],
-    "properties": {
-        "msg_id": {"type": "string"},
-        "topic": {"type": "string"},
-        "queue": {"type": "integer"},
-        "offset": {"type": "integer"},
-        "body": {"type": ["string", "null"]},
-        "body_base64": {"type": "string"},
-        "keys": {"type": "array", "items": {"type": "string"}},
-        "tags": {"type": ["string", "null"]},
-        "properties": {"type": "object", "additionalProperties": {"type": "string"}},
-        "born_ms": {"type": "integer"},
-        "store_ms": {"type": "integer"},
-        "reconsume_times": {"type": "integer"},
-        "receipt_handle": {"type": "string"},
-        "delivery_attempt": {"type": "integer", "minimum": 1},
-        "invisible_until_ms": {"type": "integer"},
-    },
-}
-_HANDLE = {"type": "string", "maxLength": 512}
 
 # (method, path): (summary, request schema or None, 200 response schema, query parameters)
 ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
@@ -78,115 +49,28 @@ ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
         "invisible to the group until acked or until invisible_ms passes, then handed out "
         "again with the next delivery_attempt; after max_reconsume_times re-deliveries it goes "
         "to %DLQ%{group}. wait_ms long-polls.",
-        {
-            "type": "object",
-            "required": ["topic"],
-            "additionalProperties": False,
-            "properties": {
-                "topic": {"type": "string"},
-                "queue": {"type": ["integer", "null"], "minimum": -1},
-                "max": {"type": "integer", "minimum": 1, "maximum": MAX_POP_MESSAGES},
-                "invisible_ms": {
-                    "type": "integer",
-                    "minimum": MIN_INVISIBLE_MS,
-                    "maximum": MAX_INVISIBLE_MS,
-                },
-                "wait_ms": {"type": "integer", "minimum": 0},
-                "tags": {"type": ["array", "null"], "items": {"type": "string"}},
-                "max_reconsume_times": {
-                    "type": ["integer", "null"],
-                    "minimum": 0,
-                    "maximum": MAX_RECONSUME_TIMES_CEILING,
-                },
-            },
-        },
-        {
-            "type": "object",
-            "required": ["messages"],
-            "properties": {"messages": {"type": "array", "items": _MESSAGE}},
-        },
+        models.PopRequest,
+        models.PopAnswer,
         [],
     ),
     ("POST", "/v1/groups/{group}/ack"): (
         "Ack received messages by their receipt handles: each answered acked, already_acked "
         "(a repeat) or expired (its hand-out is over: revived, re-handed or sent to the DLQ).",
-        {
-            "type": "object",
-            "required": ["receipt_handles"],
-            "additionalProperties": False,
-            "properties": {
-                "receipt_handles": {
-                    "type": "array",
-                    "items": _HANDLE,
-                    "minItems": 1,
-                    "maxItems": MAX_ACK_HANDLES,
-                }
-            },
-        },
-        {
-            "type": "object",
-            "required": ["results"],
-            "properties": {
-                "results": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["receipt_handle", "status"],
-                        "properties": {
-                            "receipt_handle": {"type": "string"},
-                            "status": {"enum": ["acked", "already_acked", "expired"]},
-                        },
-                    },
-                }
-            },
-        },
+        models.AckRequest,
+        models.AckAnswer,
         [],
     ),
     ("POST", "/v1/groups/{group}/invisible"): (
         "Change a received message's invisible time (from now): changed, with a new receipt "
         "handle (the old one is stale from then on), or expired.",
-        {
-            "type": "object",
-            "required": ["receipt_handle", "invisible_ms"],
-            "additionalProperties": False,
-            "properties": {
-                "receipt_handle": _HANDLE,
-                "invisible_ms": {
-                    "type": "integer",
-                    "minimum": MIN_INVISIBLE_MS,
-                    "maximum": MAX_INVISIBLE_MS,
-                },
-                "max_reconsume_times": {
-                    "type": ["integer", "null"],
-                    "minimum": 0,
-                    "maximum": MAX_RECONSUME_TIMES_CEILING,
-                },
-            },
-        },
-        {
-            "type": "object",
-            "required": ["status", "receipt_handle", "invisible_until_ms"],
-            "properties": {
-                "status": {"enum": ["changed", "expired"]},
-                "receipt_handle": {"type": ["string", "null"]},
-                "invisible_until_ms": {"type": ["integer", "null"]},
-            },
-        },
+        models.InvisibleRequest,
+        models.InvisibleAnswer,
         [],
     ),
     ("POST", "/v1/groups/{group}/dlq"): (
         "Send a received message to %DLQ%{group} now: forwarded, or expired.",
-        {
-            "type": "object",
-            "required": ["receipt_handle"],
-            "additionalProperties": False,
-            "properties": {"receipt_handle": _HANDLE},
-        },
-        {
-            "type": "object",
-            "required": ["status"],
-            "properties": {"status": {"enum": ["forwarded", "expired"]}},
-        },
+        models.DlqRequest,
+        models.DlqAnswer,
         [],
     ),
 }
@@ -218,79 +102,25 @@ class ReceiveArgs:
         }
 
 
-def _object(body: Any, allowed: Sequence[str]) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise bad_request("the body must be a JSON object", "body")
-    for name in body:
-        if name not in allowed:
-            raise bad_request(f"unknown field {name!r}", str(name))
-    return body
-
-
-def _int(body: dict[str, Any], name: str, default: int | None, lo: int, hi: int) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise bad_request(f"{name} must be an integer {lo}..{hi}", name)
-    return value
-
-
-def _required_int(body: dict[str, Any], name: str, lo: int, hi: int) -> int:
-    if body.get(name) is None:
-        raise bad_request(f"{name} is required", name)
-    value = _int(body, name, None, lo, hi)
-    assert value is not None
-    return value
-
-
-def _handle_text(value: Any, field: str) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= 512:
-        raise bad_request("a receipt handle is a string of 1..512 characters", field)
-    return value
-
-
-def receive_args(body: Any, max_wait_ms: int) -> ReceiveArgs:
-    b = _object(body, ROUTES[("POST", "/v1/groups/{group}/pop")][1]["properties"])
-    topic = b.get("topic")
-    if not isinstance(topic, str) or not topic:
-        raise bad_request("topic is required (a string)", "topic")
-    problem = topic_problem(topic)
+def receive_args(body: models.PopRequest, max_wait_ms: int) -> ReceiveArgs:
+    """The model checked types and bounds; here what depends on the topic and the node."""
+    problem = topic_problem(body.topic)
     if problem is not None:
         raise bad_request(problem, "topic")
-    if reserved.is_system_topic(topic):
-        raise bad_request(f"{topic} is a system topic, internal to the broker", "topic")
-    queue = _int(b, "queue", None, -1, 65_535)
-    tags = b.get("tags")
-    if tags is not None and (
-        not isinstance(tags, list)
-        or not 0 < len(tags) <= MAX_FILTER_TAGS
-        or not all(isinstance(t, str) and 0 < len(t) <= 255 for t in tags)
-    ):
-        raise bad_request(
-            f"tags must be a list of 1..{MAX_FILTER_TAGS} tags of 1..255 characters, "
-            "or null for all",
-            "tags",
-        )
+    if reserved.is_system_topic(body.topic):
+        raise bad_request(f"{body.topic} is a system topic, internal to the broker", "topic")
+    wait_ms = body.wait_ms or 0
+    if not 0 <= wait_ms <= max_wait_ms:
+        raise bad_request(f"wait_ms must be an integer 0..{max_wait_ms}", "wait_ms")
     return ReceiveArgs(
-        topic=topic,
-        queue=None if queue is None or queue == -1 else queue,
-        max_messages=_int(b, "max", 16, 1, MAX_POP_MESSAGES) or 16,
-        invisible_ms=_int(b, "invisible_ms", 30_000, MIN_INVISIBLE_MS, MAX_INVISIBLE_MS) or 30_000,
-        wait_ms=_int(b, "wait_ms", 0, 0, max_wait_ms) or 0,
-        tags=None if tags is None else tuple(tags),
-        max_reconsume_times=_int(b, "max_reconsume_times", None, 0, MAX_RECONSUME_TIMES_CEILING),
+        topic=body.topic,
+        queue=None if body.queue is None or body.queue == -1 else body.queue,
+        max_messages=body.max or 16,
+        invisible_ms=body.invisible_ms or 30_000,
+        wait_ms=wait_ms,
+        tags=None if body.tags is None else tuple(body.tags),
+        max_reconsume_times=body.max_reconsume_times,
     )
-
-
-def ack_handles(body: Any) -> list[str]:
-    b = _object(body, ("receipt_handles",))
-    handles = b.get("receipt_handles")
-    if not isinstance(handles, list) or not 0 < len(handles) <= MAX_ACK_HANDLES:
-        raise bad_request(
-            f"receipt_handles must be a list of 1..{MAX_ACK_HANDLES} handles", "receipt_handles"
-        )
-    return [_handle_text(h, f"receipt_handles[{i}]") for i, h in enumerate(handles)]
 
 
 # ---------------------------------------------------------------------- the leader's calls
@@ -584,21 +414,22 @@ def _forward_timeout(request: web.Request) -> float:
 
 
 async def pop_route(request: web.Request) -> web.Response:
-    from chronomq.cluster.api import BROKER, client_gone, json_response, read_json
+    from chronomq.cluster.api import BROKER, client_gone, json_response
 
     broker = request.app[BROKER]
     group = _group(request)
-    args = receive_args(await read_json(request), int(broker.config.max_wait_ms))
+    body = models.decode(await request.read(), models.PopRequest)
+    args = receive_args(body, int(broker.config.max_wait_ms))
     async with client_gone(request, args.wait_ms) as gone:
         popped = await receive(broker, group, args, gone)
     return json_response({"messages": [popped_json(p) for p in popped]})
 
 
 async def ack_route(request: web.Request) -> web.Response:
-    from chronomq.cluster.api import BROKER, json_response, read_json
+    from chronomq.cluster.api import BROKER, json_response
 
     group = _group(request)
-    handles = ack_handles(await read_json(request))
+    handles = models.decode(await request.read(), models.AckRequest).receipt_handles
     results = await ack(request.app[BROKER], group, handles)
     return json_response(
         {
@@ -610,24 +441,22 @@ async def ack_route(request: web.Request) -> web.Response:
 
 
 async def invisible_route(request: web.Request) -> web.Response:
-    from chronomq.cluster.api import BROKER, json_response, read_json
+    from chronomq.cluster.api import BROKER, json_response
 
     group = _group(request)
-    b = _object(await read_json(request), ("receipt_handle", "invisible_ms", "max_reconsume_times"))
-    handle = _handle_text(b.get("receipt_handle"), "receipt_handle")
-    inv = _required_int(b, "invisible_ms", MIN_INVISIBLE_MS, MAX_INVISIBLE_MS)
-    mrt = _int(b, "max_reconsume_times", None, 0, MAX_RECONSUME_TIMES_CEILING)
-    result = await change_invisible(request.app[BROKER], group, handle, inv, mrt)
+    b = models.decode(await request.read(), models.InvisibleRequest)
+    result = await change_invisible(
+        request.app[BROKER], group, b.receipt_handle, b.invisible_ms, b.max_reconsume_times
+    )
     return json_response(change_json(result))
 
 
 async def dlq_route(request: web.Request) -> web.Response:
-    from chronomq.cluster.api import BROKER, json_response, read_json
+    from chronomq.cluster.api import BROKER, json_response
 
     group = _group(request)
-    b = _object(await read_json(request), ("receipt_handle",))
-    handle = _handle_text(b.get("receipt_handle"), "receipt_handle")
-    result = await forward_to_dlq(request.app[BROKER], group, handle)
+    b = models.decode(await request.read(), models.DlqRequest)
+    result = await forward_to_dlq(request.app[BROKER], group, b.receipt_handle)
     return json_response({"status": result.status.value})
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from chronomq.cluster import models
 from chronomq.cluster.errors import ApiError, bad_request
 
 _LEVELS = {"type": "array", "items": {"type": "object"}}
@@ -70,34 +71,14 @@ ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
     ),
     ("PATCH", "/v1/admin/schedule"): (
         "Switch the delivery mode (sync or async) or pause delivery, cluster-wide.",
-        {
-            "type": "object",
-            "properties": {
-                "mode": {"type": "string", "enum": ["sync", "async"]},
-                "paused": {"type": "boolean"},
-            },
-            "additionalProperties": False,
-        },
+        models.ScheduleControls,
         {"type": "object"},
         [],
     ),
     ("POST", "/v1/groups/{group}/retry"): (
         "Send a consumed message back for redelivery through the delay levels "
         "(%RETRY%{group}, then %DLQ%{group} after max_reconsume_times).",
-        {
-            "type": "object",
-            "required": ["topic", "queue", "offset"],
-            "properties": {
-                "topic": {"type": "string"},
-                "queue": {"type": "integer", "minimum": 0},
-                "offset": {"type": "integer", "minimum": 0},
-                "delay_level": {
-                    "type": "integer",
-                    "description": "0 (default): 3 + reconsume times; > 0 as given; < 0: DLQ",
-                },
-            },
-            "additionalProperties": False,
-        },
+        models.RetryRequest,
         {
             "type": "object",
             "properties": {
@@ -130,63 +111,29 @@ async def get_schedule(request: web.Request) -> web.Response:
 
 
 async def patch_schedule(request: web.Request) -> web.Response:
-    from chronomq.cluster.api import BROKER, forward_to_leader, json_response, read_json
+    from chronomq.cluster.api import BROKER, forward_to_leader, json_response
 
     forwarded = await forward_to_leader(request)
     if forwarded is not None:
         return forwarded
-    body = await read_json(request)
-    if not isinstance(body, dict) or not body:
+    controls = models.decode(await request.read(), models.ScheduleControls)
+    mode, paused = models.unset_to_none(controls.mode), models.unset_to_none(controls.paused)
+    if mode is None and paused is None:
         raise bad_request('the body must be an object such as {"mode": "async"}', "body")
-    unknown = sorted(set(body) - {"mode", "paused"})
-    if unknown:
-        raise bad_request(f"unknown field {unknown[0]!r}; use mode or paused", unknown[0])
-    mode = body.get("mode")
-    if mode is not None and mode not in ("sync", "async"):
-        raise bad_request(f"mode must be 'sync' or 'async', got {mode!r}", "mode")
-    paused = body.get("paused")
-    if paused is not None and not isinstance(paused, bool):
-        raise bad_request(f"paused must be true or false, got {paused!r}", "paused")
     service = _service(request)
     await request.app[BROKER].commit(service.set_controls(mode=mode, paused=paused))
     return json_response(service.stats())
 
 
-def _body_int(body: dict[str, Any], name: str, default: int | None = None) -> int:
-    value = body.get(name, default)
-    if value is None:
-        raise bad_request(f"{name} is required", name)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise bad_request(f"{name} must be an integer, got {value!r}", name)
-    if name != "delay_level" and not 0 <= value < 2**62:
-        raise bad_request(f"{name} must be a non-negative integer, got {value}", name)
-    return value
-
-
 async def retry(request: web.Request) -> web.Response:
-    from chronomq.cluster.api import BROKER, forward_to_leader, json_response, read_json
+    from chronomq.cluster.api import BROKER, forward_to_leader, json_response
 
     forwarded = await forward_to_leader(request)
     if forwarded is not None:
         return forwarded
-    body = await read_json(request)
-    if not isinstance(body, dict):
-        raise bad_request("the body must be an object with topic, queue and offset", "body")
-    unknown = sorted(set(body) - {"topic", "queue", "offset", "delay_level"})
-    if unknown:
-        raise bad_request(f"unknown field {unknown[0]!r}", unknown[0])
-    topic = body.get("topic")
-    if not isinstance(topic, str) or not topic:
-        raise bad_request("topic must be a non-empty string", "topic")
-    queue = _body_int(body, "queue")
-    offset = _body_int(body, "offset")
-    delay_level = _body_int(body, "delay_level", 0)
-    if not -1 <= delay_level <= 1_000_000:
-        raise bad_request(
-            f"delay_level must be -1 (DLQ), 0 (auto) or a level, got {delay_level}", "delay_level"
-        )
+    body = models.decode(await request.read(), models.RetryRequest)
     answer = await request.app[BROKER].send_back(
-        request.match_info["group"], topic, queue, offset, delay_level
+        request.match_info["group"], body.topic, body.queue, body.offset, body.delay_level
     )
     return json_response(answer)
 

@@ -13,9 +13,11 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from chronomq.cluster import models
 from chronomq.cluster.errors import ApiError, bad_request
 from chronomq.timer.errors import TimerStateError
 
@@ -86,14 +88,7 @@ ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
     ),
     ("POST", "/v1/admin/timer/switches"): (
         "Stop or start timer enqueue and delivery cluster-wide (replicated).",
-        {
-            "type": "object",
-            "properties": {
-                "stop_enqueue": {"type": "boolean"},
-                "stop_dequeue": {"type": "boolean"},
-            },
-            "additionalProperties": False,
-        },
+        models.TimerSwitches,
         {"type": "object"},
         [],
     ),
@@ -143,28 +138,22 @@ async def timer_histogram(request: web.Request) -> web.Response:
     return json_response(answer)
 
 
-def _switch_changes(body: Any) -> dict[str, bool]:
-    if not isinstance(body, dict):
-        raise bad_request(
-            "the body must be an object with stop_enqueue and/or stop_dequeue", "body"
-        )
-    changes: dict[str, bool] = {}
-    for name, value in body.items():
-        if name not in ("stop_enqueue", "stop_dequeue"):
-            raise bad_request(f"unknown switch {name!r}", name)
-        if not isinstance(value, bool):
-            raise bad_request(f"{name} must be true or false", name)
-        changes[name] = value
-    return changes
+def _switch_changes(raw: bytes) -> dict[str, bool]:
+    switches = models.decode(raw, models.TimerSwitches)
+    return {
+        name: value
+        for name in ("stop_enqueue", "stop_dequeue")
+        if (value := getattr(switches, name)) is not msgspec.UNSET
+    }
 
 
 async def timer_switches(request: web.Request) -> web.Response:
-    from chronomq.cluster.api import forward_to_leader, json_response, read_json
+    from chronomq.cluster.api import forward_to_leader, json_response
 
     forwarded = await forward_to_leader(request)
     if forwarded is not None:
         return forwarded
-    changes = _switch_changes(await read_json(request))
+    changes = _switch_changes(await request.read())
     service = _service(request)
     return json_response({"switches": await service.set_switches(**changes)})
 

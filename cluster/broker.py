@@ -21,9 +21,10 @@ from typing import Any
 
 import aiohttp
 
-from chronomq.cluster import idempotency, membership, reserved
+from chronomq.cluster import idempotency, membership, models, reserved
 from chronomq.cluster.config import NodeConfig, Peer
 from chronomq.cluster.errors import ApiError, bad_request
+from chronomq.cluster.models import MessageIn, ProduceRequest
 from chronomq.cluster.nodemetrics import DeliveryLateness
 from chronomq.cluster.peerhttp import PeerHttp
 from chronomq.cluster.pull import (
@@ -278,11 +279,15 @@ class Broker:
     def parse_messages(
         self, topic: str, raw: Any
     ) -> tuple[list[NewMessage], list[dict[str, Any]], int]:
-        """JSON messages -> NewMessages (delayed ones rewritten) and per-message answer extras."""
+        """Messages (:class:`~chronomq.cluster.models.MessageIn`, or their JSON objects) ->
+        NewMessages (delayed ones rewritten) and per-message answer extras. The model checked
+        types and shapes; what is checked here depends on this node (limits, topics, the delay
+        table, reserved properties)."""
         record.validate_topic(topic)
         reserved.check_user_topic(topic)
         if not isinstance(raw, list) or not raw:
             raise bad_request("messages must be a non-empty list", "messages")
+        raw = _messages_in(raw)
         if not self.config.auto_create_topic and self.raftlog.store.queue_count(topic) is None:
             # Also for delayed messages, which are stored in a system topic first: they would
             # be accepted and dropped when due.
@@ -299,59 +304,28 @@ class Broker:
         extras: list[dict[str, Any]] = []
         for i, m in enumerate(raw):
             f = f"messages[{i}]"
-            if not isinstance(m, dict):
-                raise bad_request("each message must be an object", f)
-            unknown = set(m) - {
-                "body",
-                "body_base64",
-                "keys",
-                "tags",
-                "properties",
-                "queue",
-                *_DELAY_FIELDS,
-            }
-            if unknown:
-                raise bad_request(
-                    f"unknown field {sorted(unknown)[0]!r}", f"{f}.{sorted(unknown)[0]}"
-                )
             body = self._body(m, f)
-            props = {} if m.get("properties") is None else m["properties"]
-            if not isinstance(props, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in props.items()
-            ):
-                raise bad_request("properties must be an object of strings", f"{f}.properties")
+            props = {} if m.properties is None else m.properties
             reserved.check_user_properties(props, f"{f}.properties")
             props = dict(props)
-            keys = m.get("keys")
-            if keys is not None:
-                if not isinstance(keys, list) or not all(
-                    isinstance(k, str) and k and " " not in k for k in keys
-                ):
+            if m.keys is not None:
+                if not all(k and " " not in k for k in m.keys):
                     raise bad_request(
                         "keys must be a list of non-empty strings without spaces", f"{f}.keys"
                     )
-                if keys:
-                    props[record.PROPERTY_KEYS] = " ".join(keys)
-            tags = m.get("tags")
-            if tags is not None:
-                if not isinstance(tags, str):
-                    raise bad_request("tags must be a string", f"{f}.tags")
-                props[record.PROPERTY_TAGS] = tags
-            queue = m.get("queue")
-            if queue is not None and (
-                not isinstance(queue, int) or isinstance(queue, bool) or queue < 0
-            ):
-                raise bad_request("queue must be a non-negative integer", f"{f}.queue")
-            delays = [k for k in _DELAY_FIELDS if m.get(k) is not None]
+                if m.keys:
+                    props[record.PROPERTY_KEYS] = " ".join(m.keys)
+            if m.tags is not None:
+                props[record.PROPERTY_TAGS] = m.tags
+            queue = m.queue
+            delays = [k for k in _DELAY_FIELDS if getattr(m, k) is not None]
             if len(delays) > 1:
                 raise bad_request(
                     f"give at most one of {', '.join(_DELAY_FIELDS)}", f"{f}.{delays[1]}"
                 )
             extra: dict[str, Any] = {}
             if delays and delays[0] == "delay_level":
-                level = m["delay_level"]
-                if not isinstance(level, int) or isinstance(level, bool):
-                    raise bad_request("delay_level must be an integer", f"{f}.delay_level")
+                level = m.delay_level
                 qid = queue if queue is not None else self._next_queue(topic)
                 real_queues = (
                     self.raftlog.store.queue_count(topic) or self.config.default_topic_queues
@@ -395,7 +369,17 @@ class Broker:
                         f"{delays[0]} is not supported by this node", f"{f}.{delays[0]}"
                     )
                 out.append(
-                    timer(topic, body, queue, props, delays[0], m[delays[0]], store_ms, f, extra)
+                    timer(
+                        topic,
+                        body,
+                        queue,
+                        props,
+                        delays[0],
+                        getattr(m, delays[0]),
+                        store_ms,
+                        f,
+                        extra,
+                    )
                 )
                 extras.append(extra)
                 continue
@@ -426,17 +410,17 @@ class Broker:
             return {**extra, "deliver_ms": msg.store_ms + self.levels.delay_ms(int(level))}
         return extra
 
-    def _body(self, m: Mapping[str, Any], f: str) -> bytes:
-        if "body_base64" in m and m["body_base64"] is not None:
-            if "body" in m and m["body"] is not None:
+    def _body(self, m: MessageIn, f: str) -> bytes:
+        if m.body_base64 is not None:
+            if m.body is not None:
                 raise bad_request("give body or body_base64, not both", f"{f}.body_base64")
             try:
-                body = base64.b64decode(m["body_base64"], validate=True)
+                body = base64.b64decode(m.body_base64, validate=True)
             except (ValueError, TypeError):
                 raise bad_request("body_base64 is not valid base64", f"{f}.body_base64") from None
         else:
-            text = m.get("body")
-            if not isinstance(text, str):
+            text = m.body
+            if text is None:
                 raise bad_request("body is required and must be a string", f"{f}.body")
             body = text.encode()
         if len(body) > self.config.max_message_size:
@@ -458,6 +442,7 @@ class Broker:
     async def produce(self, topic: str, raw: Any, idempotency_key: str | None) -> dict[str, Any]:
         if self.disk is not None:
             self.disk.check_produce()  # 507 disk_full before anything is proposed
+        raw = _messages_in(raw)
         messages, extras, store_ms = self.parse_messages(topic, raw)
         # A client's key is scoped to the topic: the same key sent to another topic is another
         # request, not a replay of the first one's placement. Within the topic it is bound to
@@ -1044,6 +1029,13 @@ class Broker:
             "leader_changes": list(self.leader_changes),
             "membership_history": self.membership_history(),
         }
+
+
+def _messages_in(raw: Any) -> Any:
+    """Messages as :class:`MessageIn` (the gRPC endpoint and tests give JSON objects)."""
+    if not isinstance(raw, list) or not raw or all(type(m) is MessageIn for m in raw):
+        return raw
+    return models.convert({"messages": raw}, ProduceRequest).messages
 
 
 def _too_many_topics(problem: str) -> ApiError:

@@ -17,11 +17,11 @@ import base64
 import hashlib
 import struct
 from collections.abc import Sequence
-from typing import Any
 
 import orjson
 
 from chronomq.cluster.errors import ApiError
+from chronomq.cluster.models import MessageIn
 from chronomq.raftlog.store import Store
 
 FIELD = "Idempotency-Key"
@@ -34,23 +34,23 @@ def client_key(topic: str, idempotency_key: str) -> str:
     return f"http:{topic}:{idempotency_key}"
 
 
-def request_fingerprint(topic: str, raw: Sequence[Any]) -> str:
+def request_fingerprint(topic: str, raw: Sequence[MessageIn]) -> str:
     """The fingerprint (32 hex digits) of a produce request that parsed without error."""
     h = hashlib.blake2b(digest_size=16, person=b"chronomq-idem-1")
     t = topic.encode("utf-8", "surrogatepass")
     h.update(_LENGTHS.pack(len(t), len(raw)) + t)
     for m in raw:
-        if m.get("body_base64") is not None:
-            body = base64.b64decode(m["body_base64"])
+        if m.body_base64 is not None:
+            body = base64.b64decode(m.body_base64)
         else:
-            body = str(m["body"]).encode("utf-8", "surrogatepass")
+            body = str(m.body).encode("utf-8", "surrogatepass")
         meta = orjson.dumps(
             [
-                m.get("properties") or {},
-                m.get("keys") or [],
-                m.get("tags"),
-                m.get("queue"),
-                [[k, m[k]] for k in _DELAY_FIELDS if m.get(k) is not None],
+                m.properties or {},
+                m.keys or [],
+                m.tags,
+                m.queue,
+                [[k, getattr(m, k)] for k in _DELAY_FIELDS if getattr(m, k) is not None],
             ],
             option=orjson.OPT_SORT_KEYS,
         )

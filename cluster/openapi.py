@@ -8,99 +8,27 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from chronomq.cluster import (
     api_console,
     api_lookup,
     api_pop,
     api_schedule,
     api_timer,
+    models,
     runtimeconfig,
 )
 from chronomq.cluster.auth import METRICS_ROUTE, open_routes
 from chronomq.cluster.broker import VERSION
 
-_ERROR = {
-    "type": "object",
-    "required": ["error", "message", "field"],
-    "properties": {
-        "error": {"type": "string", "description": "machine-readable code"},
-        "message": {"type": "string"},
-        "field": {"type": ["string", "null"], "description": "the offending input, if any"},
-    },
-}
-_MESSAGE_IN = {
-    "type": "object",
-    "properties": {
-        "body": {"type": "string"},
-        "body_base64": {"type": "string", "description": "binary body; instead of body"},
-        "keys": {"type": "array", "items": {"type": "string"}},
-        "tags": {"type": "string"},
-        "properties": {"type": "object", "additionalProperties": {"type": "string"}},
-        "queue": {"type": "integer", "minimum": 0},
-        "delay_level": {
-            "type": "integer",
-            "minimum": 0,
-            "description": "4.x delay level; above the maximum is clamped",
-        },
-        "delay_ms": {"type": "integer", "minimum": 0},
-        "deliver_at_ms": {"type": "integer", "minimum": 0},
-    },
-    "additionalProperties": False,
-}
+_ERROR: Any = models.Error
 
 
 def _object(**fields: str) -> dict[str, Any]:
     """An answer's object schema from field names and their JSON types."""
     return {"type": "object", "properties": {k: {"type": t} for k, t in fields.items()}}
 
-
-_MEMBERSHIP_CHANGE = {
-    **_object(
-        seq="integer",
-        action="string",
-        id="integer",
-        raft="string",
-        http="string",
-        at_ms="integer",
-        term="integer",
-    ),
-    "description": 'action is "add" or "remove"; at_ms and term are the leader\'s',
-}
-
-
-_MESSAGE_OUT = _object(
-    msg_id="string",
-    topic="string",
-    queue="integer",
-    offset="integer",
-    keys="array",
-    tags="string",
-    properties="object",
-    born_ms="integer",
-    store_ms="integer",
-    reconsume_times="integer",
-    body="string",
-    body_base64="string",
-)
-_PLACED = _object(
-    msg_id="string",
-    topic="string",
-    queue="integer",
-    offset="integer",
-    delay_level="integer",
-    deliver_ms="integer",
-    clamped="boolean",
-)
-_TOPIC = {
-    "type": "object",
-    "properties": {
-        "topic": {"type": "string"},
-        "queues": {
-            "type": "array",
-            "items": _object(queue="integer", min_offset="integer", max_offset="integer"),
-        },
-    },
-}
 
 _TRANSFER_FIELDS: dict[str, Any] = {
     "from": {"type": "integer", "description": "the node that led"},
@@ -124,7 +52,7 @@ _TRANSFERRED = {
         "message": {"type": "string"},
     },
 }
-_ERROR_FIELDS: dict[str, Any] = _ERROR["properties"]  # type: ignore[assignment]
+_ERROR_FIELDS: dict[str, Any] = models.schemas([models.Error])[1]["Error"]["properties"]
 _TRANSFER_REFUSED = {
     "type": "object",
     "required": ["error", "message", "field", "reason"],
@@ -166,31 +94,14 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
         "Idempotency-Key header, scoped to the topic: a replay within idempotency_window_s "
         "answers the first placement, the same key with another request 422 "
         "idempotency_key_reused. System topics and reserved property names answer 400.",
-        {
-            "type": "object",
-            "required": ["messages"],
-            "properties": {"messages": {"type": "array", "items": _MESSAGE_IN}},
-        },
-        {
-            "type": "object",
-            "properties": {
-                "results": {"type": "array", "items": _PLACED},
-                "duplicate": {"type": "boolean"},
-            },
-        },
+        models.ProduceRequest,
+        models.Produced,
         [],
     ),
     ("GET", "/v1/topics/{topic}/queues/{queue}/messages"): (
         "Pull messages from a queue, long-polling up to wait_ms.",
         None,
-        {
-            "type": "object",
-            "properties": {
-                "messages": {"type": "array", "items": _MESSAGE_OUT},
-                "next_offset": {"type": "integer"},
-                "max_offset": {"type": "integer"},
-            },
-        },
+        models.Pulled,
         ["offset", "max", "wait_ms"],
     ),
     ("GET", "/v1/topics"): (
@@ -198,84 +109,38 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
         "most max_topics_listed (or limit) after the topic named by after; truncated: true "
         "when more follow, from next_after.",
         None,
-        {
-            "type": "object",
-            "properties": {
-                "topics": {
-                    "type": "array",
-                    "items": _object(topic="string", queues="integer", messages="integer"),
-                },
-                "truncated": {"type": "boolean"},
-                "next_after": {"type": ["string", "null"]},
-            },
-        },
+        models.Topics,
         ["after", "limit"],
     ),
     ("GET", "/v1/topics/{topic}"): (
         "Describe a topic: queues with min and max offsets.",
         None,
-        _TOPIC,
+        models.Topic,
         [],
     ),
     ("PUT", "/v1/topics/{topic}"): (
         "Create a topic with a number of queues (201; 200 if it exists with as many, 409 if "
         "with another number).",
-        {
-            "type": "object",
-            "properties": {"queues": {"type": "integer", "minimum": 1, "maximum": 1024}},
-        },
-        _TOPIC,
+        models.CreateTopic,
+        models.Topic,
         [],
     ),
     ("PUT", "/v1/groups/{group}/offsets"): (
         "Commit a consumer group's offset (replicated).",
-        {"type": "object", "required": ["topic", "queue", "offset"]},
-        _object(group="string", topic="string", queue="integer", offset="integer"),
+        models.OffsetCommit,
+        models.OffsetCommitted,
         [],
     ),
     ("GET", "/v1/groups/{group}/offsets"): (
         "A consumer group's committed offsets, read on the leader.",
         None,
-        {
-            "type": "object",
-            "properties": {
-                "group": {"type": "string"},
-                "offsets": {
-                    "type": "array",
-                    "items": _object(topic="string", queue="integer", offset="integer"),
-                },
-            },
-        },
+        models.GroupOffsets,
         ["topic"],
     ),
     ("GET", "/v1/admin/node"): (
         "This node's role, term, indexes, digest and version.",
         None,
-        _object(
-            id="integer",
-            role="string",
-            http_url="string",
-            raft="string",
-            leader="integer",
-            leader_url="string",
-            term="integer",
-            commit_index="integer",
-            applied_index="integer",
-            log_len="integer",
-            slow_ticks="integer",
-            max_tick_ms="number",
-            has_quorum="boolean",
-            digest="object",
-            match_index="object",
-            version="string",
-            uptime_s="number",
-            queued_messages="integer",
-            inflight_commands="integer",
-            last_election_ms="number",
-            leader_changes="array",
-            removed="object",
-            reachable="boolean",
-        ),
+        models.NodeStatus,
         [],
     ),
     ("GET", "/v1/admin/cluster"): (
@@ -283,30 +148,13 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
         "replication_lag), the leader changes the node asked has seen (the last 100), and the "
         "replicated membership history (the last 100 changes, identical on every node).",
         None,
-        {
-            "type": "object",
-            "properties": {
-                "leader": {"type": "integer"},
-                "term": {"type": "integer"},
-                "nodes": {"type": "array"},
-                "leader_changes": {
-                    "type": "array",
-                    "items": _object(
-                        at_ms="integer",
-                        term="integer",
-                        election_ms="number",
-                        **{"from": "integer", "to": "integer"},
-                    ),
-                },
-                "membership_history": {"type": "array", "items": _MEMBERSHIP_CHANGE},
-            },
-        },
+        models.ClusterView,
         [],
     ),
     ("GET", "/v1/admin/digest"): (
         "CommitLog length and hash chain, to compare replicas.",
         None,
-        _object(index="integer", length="integer", chain="string"),
+        models.Digest,
         [],
     ),
     ("GET", "/v1/admin/config"): (
@@ -334,30 +182,14 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
         "that id); 409 target_not_member, target_unreachable, transfer_refused (reason "
         "not_caught_up, election_lost or no_target) or transfer_in_progress; 504 "
         "transfer_timeout. A follower forwards to the leader.",
-        {
-            "type": "object",
-            "properties": {
-                "to": {"type": "integer", "minimum": 0, "maximum": 1023},
-                "timeout_ms": {"type": "integer", "minimum": 1, "maximum": 60000},
-            },
-            "additionalProperties": False,
-        },
+        models.TransferRequest,
         _TRANSFERRED,
         [],
     ),
     ("POST", "/v1/admin/members"): (
         "Add a member: id, raft (host:port), http (URL), optional fetch (host:port); answers 201.",
-        {
-            "type": "object",
-            "required": ["id", "raft", "http"],
-            "properties": {
-                "id": {"type": "integer"},
-                "raft": {"type": "string"},
-                "http": {"type": "string"},
-                "fetch": {"type": "string"},
-            },
-        },
-        _object(status="string", id="integer"),
+        models.AddMember,
+        models.MemberAdded,
         [],
     ),
     ("DELETE", "/v1/admin/members/{id}"): (
@@ -386,7 +218,7 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
     ("GET", "/readyz"): (
         "200 once the node knows a leader, else 503; 410 on a node removed from the cluster.",
         None,
-        _object(status="string", leader="integer"),
+        models.Ready,
         [],
     ),
     ("GET", "/metrics"): ("Prometheus metrics.", None, {"type": "string"}, []),
@@ -413,9 +245,40 @@ _SECURITY_SCHEMES = {
 }
 
 
-def spec(metrics_public: bool = False) -> dict[str, Any]:
-    """The description; ``metrics_public`` as the node serving it is configured."""
+_QUERY: dict[str, dict[str, Any]] = {
+    # Bounds that depend on the node's config (max_pull_messages, max_wait_ms,
+    # max_topics_listed) are checked by the handler and answered 400 naming the parameter.
+    "topic": {"type": "string"},
+    "after": {"type": "string"},
+    "key": {"type": "string"},
+    "max": {"type": "integer", "minimum": 1},
+    "limit": {"type": "integer", "minimum": 1},
+    "minutes": {"type": "integer", "minimum": 1, "maximum": 60},
+    "buckets": {"type": "integer", "minimum": 1, "maximum": 120},
+}
+"""Query parameters' schemas; any other is a non-negative integer."""
+
+
+def _is_model(schema: Any) -> bool:
+    return isinstance(schema, type) and issubclass(schema, msgspec.Struct)
+
+
+def spec(metrics_public: bool = False, auth_required: bool = True) -> dict[str, Any]:
+    """The description; ``metrics_public`` and ``auth_required`` (an ``auth_token`` is set)
+    as the node serving it is configured. Request and answer schemas come from the models of
+    :mod:`chronomq.cluster.models`, under ``components.schemas``."""
     exempt = set(open_routes(metrics_public))
+    found = [_ERROR]
+    for _, request, response, _ in ROUTES.values():
+        found += [s for s in (request, response) if _is_model(s)]
+    found += [s for more in _MORE_ANSWERS.values() for _, s in more.values() if _is_model(s)]
+    unique = list(dict.fromkeys(found))
+    refs, components = models.schemas(unique)
+    ref_of = dict(zip(unique, refs, strict=True))
+
+    def schema(s: Any) -> Any:
+        return ref_of[s] if _is_model(s) else s
+
     paths: dict[str, Any] = {}
     for (method, path), (summary, request, response, query) in ROUTES.items():
         op: dict[str, Any] = {
@@ -430,41 +293,44 @@ def spec(metrics_public: bool = False) -> dict[str, Any]:
                     "name": q,
                     "in": "query",
                     "required": False,
-                    "schema": {"type": "string" if q in ("topic", "after") else "integer"},
+                    "schema": _QUERY.get(q, {"type": "integer", "minimum": 0}),
                 }
                 for q in query
             ],
             "responses": {
-                "200": {"description": "OK", "content": {"application/json": {"schema": response}}},
+                "200": {
+                    "description": "OK",
+                    "content": {"application/json": {"schema": schema(response)}},
+                },
                 "4XX": {
                     "description": "caller error",
-                    "content": {"application/json": {"schema": _ERROR}},
+                    "content": {"application/json": {"schema": ref_of[_ERROR]}},
                 },
                 "5XX": {
                     "description": "no leader, timeout or internal error",
-                    "content": {"application/json": {"schema": _ERROR}},
+                    "content": {"application/json": {"schema": ref_of[_ERROR]}},
                 },
             },
         }
-        for status, (what, schema) in _MORE_ANSWERS.get((method, path), {}).items():
+        for status, (what, more) in _MORE_ANSWERS.get((method, path), {}).items():
             op["responses"][status] = {
                 "description": what,
-                "content": {"application/json": {"schema": schema}},
+                "content": {"application/json": {"schema": schema(more)}},
             }
-        if (method, path) in exempt:
+        if (method, path) in exempt or not auth_required:
             op["security"] = []
         else:
             op["responses"]["401"] = {
                 "description": "no valid bearer token (with auth_token set); "
                 "WWW-Authenticate: Bearer",
-                "content": {"application/json": {"schema": _ERROR}},
+                "content": {"application/json": {"schema": ref_of[_ERROR]}},
             }
             if (method, path) == METRICS_ROUTE:
                 op["description"] = "Open when metrics_public is true."
         if request is not None:
             op["requestBody"] = {
                 "required": True,
-                "content": {"application/json": {"schema": request}},
+                "content": {"application/json": {"schema": schema(request)}},
             }
         paths.setdefault(path, {})[method.lower()] = op
     return {
@@ -474,7 +340,7 @@ def spec(metrics_public: bool = False) -> dict[str, Any]:
             "version": VERSION,
             "description": "Delayed and scheduled messages on a Raft-replicated log.",
         },
-        "components": {"securitySchemes": _SECURITY_SCHEMES},
-        "security": [{BEARER: []}],
+        "components": {"securitySchemes": _SECURITY_SCHEMES, "schemas": components},
+        "security": [{BEARER: []}] if auth_required else [],
         "paths": paths,
     }

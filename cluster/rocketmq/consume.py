@@ -35,7 +35,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
-from chronomq.cluster import api_pop, reserved
+from chronomq.cluster import api_pop, models, reserved
 from chronomq.cluster.api_pop import ReceiveArgs
 from chronomq.cluster.errors import ApiError, bad_request
 from chronomq.cluster.pop.handle import MAX_HANDLE_CHARS
@@ -305,8 +305,8 @@ class ConsumeRpcs(ServicerBase):
     async def AckMessage(self, request: Any, context: Any) -> Any:
         group = check_group(request.group.name)
         record.validate_topic(request.topic.name, "topic")
-        if not 0 < len(request.entries) <= api_pop.MAX_ACK_HANDLES:
-            raise bad_request(f"ack 1..{api_pop.MAX_ACK_HANDLES} entries at a time", "entries")
+        if not 0 < len(request.entries) <= models.MAX_ACK_HANDLES:
+            raise bad_request(f"ack 1..{models.MAX_ACK_HANDLES} entries at a time", "entries")
         handles = [e.receipt_handle for e in request.entries]
         for i, h in enumerate(handles):
             check_handle(h, f"entries[{i}].receipt_handle")

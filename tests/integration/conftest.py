@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from chronomq.cluster.launcher import LocalCluster
+from tests.integration import spec_check
 
 
 def _bindable(port: int) -> bool:
@@ -138,3 +139,11 @@ async def pull_applied(
             return []
         raise
     return list(page["messages"])
+
+
+@pytest.fixture(autouse=True)
+def answers_fit_the_spec() -> Iterator[None]:
+    """Every JSON answer a test receives through aiohttp fits /openapi.json (see spec_check)."""
+    with spec_check.watch() as found:
+        yield
+    assert not found, "answers outside /openapi.json:\n" + "\n".join(sorted(set(found))[:20])
