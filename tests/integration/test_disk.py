@@ -141,10 +141,11 @@ async def test_produce_answers_507_before_the_disk_fills_and_nothing_acknowledge
         for url in cluster.urls:
             status = await node(client, url)
             disk = status["disk"]
-            # Each node has its own disk: the leader's passed the warning level (0.6); the
-            # followers' hold the same CommitLog but may differ by a journal or snapshot.
-            assert disk["used_ratio"] > 0.4 and disk["produce_refused"]
-            assert disk["free_bytes"] > 0
+            # The refusals were checked above, when they were answered. Each node has its own
+            # disk: once a node snapshots, its Raft journal (as large as the CommitLog here) is
+            # compacted and its used ratio can fall well below the warning level again, so
+            # only what must hold at any time is checked now: no disk ever filled.
+            assert disk["free_bytes"] > 0, disk
             served = await read_all(client, url, TOPIC)
             missing = acked - served.keys()
             assert not missing, f"{url} lost {len(missing)} acknowledged messages"
