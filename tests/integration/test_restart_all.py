@@ -215,7 +215,10 @@ def test_every_node_killed_at_once_comes_back_and_delivers_everything(make_clust
             async def all_delivered() -> bool:
                 return await collector.poll() >= len(ledger.acked)
 
-            await wait_for(all_delivered, 60, f"seed {seed}: every acknowledged message", cluster)
+            try:
+                await wait_for(all_delivered, 60, f"seed {seed}: every acknowledged message")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}: {await missing(client, collector)}") from None
 
             async def settled() -> bool:
                 return await quiescent(client, cluster, cluster.urls[leader])
@@ -226,6 +229,26 @@ def test_every_node_killed_at_once_comes_back_and_delivers_everything(make_clust
                 status = await client.request("GET", "/readyz", url=cluster.urls[i])
                 assert status["status"] == "ready"
             return collector.check(ledger)
+
+    async def missing(client: Client, collector: Collector) -> str:
+        """Which acknowledged messages the collector lacks, and what each node knows of them."""
+        seen = {m["msg_id"] for m in collector.copies}
+        lacking = sorted(set(ledger.acked) - seen)
+        lines = [f"{len(seen)} of {len(ledger.acked)} collected, {len(lacking)} lacking"]
+        for msg_id in lacking[:5]:
+            body, due = ledger.acked[msg_id]
+            where = []
+            for i in range(3):
+                try:
+                    found = await client.request(
+                        "GET", f"/v1/messages/{msg_id}", url=cluster.urls[i]
+                    )
+                    where.append(f"n{i}: {found.get('status') or found}")
+                except (ClientError, ConnectionError) as exc:
+                    where.append(f"n{i}: {exc}")
+            lines.append(f"{msg_id} {body} due {due - killed_ms} ms after the kill: {where}")
+        lines.append(f"offsets read {collector.offsets}")
+        return "\n".join(lines) + f"\n{dump_logs(cluster)}"
 
     counts = asyncio.run(check())
     assert counts == {"lost": 0, "duplicated": 0, "early": 0, "wrong_body": 0, "unexpected": 0}, (
