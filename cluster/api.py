@@ -40,6 +40,7 @@ from chronomq.cluster.errors import ApiError, bad_request, from_exception
 from chronomq.cluster.httpconn import ConnectionGuard, HttpLimits
 from chronomq.cluster.nodemetrics import GroupLagCollector, RaftCollector
 from chronomq.cluster.runtimeconfig import RuntimeConfig
+from chronomq.raftlog import record
 from chronomq.raftlog.removal import SIGNATURE_HEADER
 from chronomq.raftlog.transfer import (
     DEFAULT_TIMEOUT_MS,
@@ -381,9 +382,18 @@ async def pull(request: web.Request) -> web.Response:
     offset = int_param(request, "offset", 0, 0, 2**62)
     max_messages = int_param(request, "max", 32, 1, cfg.max_pull_messages)
     wait_ms = int_param(request, "wait_ms", 0, 0, cfg.max_wait_ms)
+    prev = request.query.get("prev")
+    if prev is not None:
+        prev = record.msg_id_hex(record.parse_msg_id(prev, "prev"))
     async with client_gone(request, wait_ms) as gone:
         page, max_offset = await broker.pull(
-            request.match_info["topic"], queue, offset, max_messages, wait_ms, gone
+            request.match_info["topic"],
+            queue,
+            offset,
+            max_messages,
+            wait_ms,
+            gone,
+            prev,
         )
     request.app[METRICS].consumed.inc(len(page.messages))
     return web.Response(body=page.answer(max_offset), content_type="application/json")

@@ -20,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import aiohttp
+import orjson
 
 from chronomq.cluster import idempotency, membership, models, reserved
 from chronomq.cluster.config import NodeConfig, Peer
@@ -499,14 +500,19 @@ class Broker:
         max_messages: int,
         wait_ms: int,
         gone: asyncio.Future[None] | None = None,
+        prev: str | None = None,
     ) -> tuple[PullPage, int]:
         """A page of at most ``max_pull_bytes`` (at least one message) and the queue's end.
 
         With ``wait_ms`` it waits for a message on this queue, until the deadline or until
-        ``gone`` (the client's connection is lost) resolves.
+        ``gone`` (the client's connection is lost) resolves. With ``prev`` (the msg_id the
+        consumer read at ``offset - 1``) it first checks that the log still holds that message
+        there (see :meth:`check_prev`).
         """
         store = self.raftlog.store
         self.check_queue(topic, queue)
+        if prev is not None:
+            await self.check_prev(topic, queue, offset, prev)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         while True:
@@ -529,6 +535,42 @@ class Broker:
                 self.waiters.release(topic, queue)
             if gone is not None and gone.done():
                 return PullPage((), max(offset, 0)), store.max_offset(topic, queue)
+
+    async def check_prev(self, topic: str, queue: int, offset: int, prev: str) -> None:
+        """409 ``offset_diverged`` when the message at ``offset - 1`` is not ``prev``.
+
+        A log loses its newest entries only when every node loses power at once under
+        ``flush = async``; the offsets they held are then written again by other messages, and
+        a consumer past them would skip those without noticing. The message is compared where
+        this node holds it; where it does not, only a caught-up leader can tell that the log
+        is shorter than the consumer read (a follower may not have applied it yet), and
+        otherwise the pull goes on as usual. Below the queue's minimum (retention) there is
+        nothing to compare."""
+        at = offset - 1
+        store = self.raftlog.store
+        if at < 0 or at < store.min_offset(topic, queue):
+            return
+        end = store.max_offset(topic, queue)
+        if at < end:
+            page = await self._read_page_from(topic, queue, at, 1)
+            held = orjson.loads(page.messages[0])["msg_id"] if page.messages else None
+            if held == prev:
+                return
+            why = f"the message at offset {at} is {held}, not {prev}"
+        elif self.raftlog.leads_caught_up():
+            why = f"the queue ends at offset {end}: the message at offset {at} is gone"
+        else:
+            return
+        raise ApiError(
+            409,
+            "offset_diverged",
+            f"{topic}/{queue}: {why}; the log lost its newest entries (every node lost power "
+            "under flush = async) and the offsets were written again. Read again from the "
+            "first offset whose message differs from what you read (max_offset is where the "
+            "queue ends now).",
+            "prev",
+            extra={"max_offset": end, "min_offset": store.min_offset(topic, queue)},
+        )
 
     async def _read_page(self, topic: str, queue: int, offset: int, max_messages: int) -> PullPage:
         """A page from ``offset``, or from the queue's minimum when retention deleted what

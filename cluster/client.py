@@ -206,9 +206,12 @@ class Client:
         max_messages: int = 32,
         wait_ms: int = 0,
         url: str | None = None,
+        prev: str | None = None,
     ) -> dict[str, Any]:
+        """A page from ``offset``; with ``prev`` (the msg_id read at ``offset - 1``) a 409
+        ``offset_diverged`` when the log no longer holds it there."""
         path = _path("v1", "topics", topic, "queues", queue, "messages") + _query(
-            offset=offset, max=max_messages, wait_ms=wait_ms
+            offset=offset, max=max_messages, wait_ms=wait_ms, prev=prev
         )
         result: dict[str, Any] = await self.request("GET", path, url=url)
         return result

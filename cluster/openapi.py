@@ -99,10 +99,14 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
         [],
     ),
     ("GET", "/v1/topics/{topic}/queues/{queue}/messages"): (
-        "Pull messages from a queue, long-polling up to wait_ms.",
+        "Pull messages from a queue, long-polling up to wait_ms. With prev, the msg_id read "
+        "at offset - 1, the log is checked to still hold it there: 409 offset_diverged "
+        "(naming prev, with max_offset and min_offset) when it does not, which happens only "
+        "after every node lost power under flush = async and the lost offsets were written "
+        "again; read again from the first offset whose message differs from what was read.",
         None,
         models.Pulled,
-        ["offset", "max", "wait_ms"],
+        ["offset", "max", "wait_ms", "prev"],
     ),
     ("GET", "/v1/topics"): (
         "List topics in name order with their number of queues and messages, a page of at "
@@ -251,6 +255,7 @@ _QUERY: dict[str, dict[str, Any]] = {
     "topic": {"type": "string"},
     "after": {"type": "string"},
     "key": {"type": "string"},
+    "prev": {"type": "string", "pattern": "^[0-9A-Fa-f]{32}$"},
     "max": {"type": "integer", "minimum": 1},
     "limit": {"type": "integer", "minimum": 1},
     "minutes": {"type": "integer", "minimum": 1, "maximum": 60},

@@ -416,6 +416,15 @@ class RaftLog:
         """True when ``raft_address`` is another member in this node's Raft configuration."""
         return raft_address in {n.id for n in list(self.machine.otherNodes)}
 
+    def leads_caught_up(self) -> bool:
+        """True when this node is the confirmed leader and has applied everything it knows
+        committed: a message its queues lack now is not in the log (not merely not applied
+        yet here)."""
+        m = self.machine
+        return (
+            self.is_leader and m._SyncObj__raftLastApplied >= m._SyncObj__raftCommitIndex  # noqa: SLF001
+        )
+
     def first_entry_applied(self) -> bool:
         """True when this leader has applied the no-op entry that opens its term.
 
