@@ -7,7 +7,8 @@ Safety counts (any of them non-zero fails the drill):
   at the end (``final`` records), not in the log any more. ``lost_after_consumed`` counts those
   consumed before they went (a power cut took them back), ``lost_unconsumed_in_log`` those the
   final read found but no consumer saw (written at offsets the consumers had passed: the log
-  had shrunk under them).
+  had shrunk under them, which a consumer's ``prev`` check now detects: ``rewinds`` counts the
+  times a consumer was told and read again from where the log changed).
 - ``duplicated``: consumed at more than one position (topic, queue, offset). With pop
   consumption (``delivery="pop"``, the gRPC workload's ``SimpleConsumer``) there are no
   positions: a message is duplicated when it was acked successfully more than once, each time
@@ -76,6 +77,7 @@ class CheckResult:
     lost_after_faults: int = 0
     lost_after_consumed: int = 0
     lost_unconsumed_in_log: int = 0
+    rewinds: int = 0
     examples: dict[str, list[str]] = field(default_factory=dict)
 
     @property
@@ -108,6 +110,7 @@ class CheckResult:
             "lost_after_faults": self.lost_after_faults,
             "lost_after_consumed": self.lost_after_consumed,
             "lost_unconsumed_in_log": self.lost_unconsumed_in_log,
+            "rewinds": self.rewinds,
             "examples": self.examples,
             "safe": self.safe,
         }
@@ -164,6 +167,7 @@ def check(
     unexpected: set[str] = set()
     final: set[str] | None = None
     ends: list[tuple[str, int]] = []
+    rewinds = 0
 
     def msg(token: str) -> _Message:
         m = messages.get(token)
@@ -203,6 +207,8 @@ def check(
                     messages[token].acks_unknown += 1
         elif op == "fault" and kind == "start":
             faults.append(dict(rec))
+        elif op == "rewind":
+            rewinds += 1
         elif op == "final":
             final = (final or set()) | {str(t) for t in rec.get("tokens", [])}
         elif op == "fault" and kind == "end":
@@ -210,7 +216,7 @@ def check(
         elif op == "fault" and kind == "disruption":
             disruptions.append(dict(rec))
 
-    result = CheckResult(faults=faults, delivery=delivery)
+    result = CheckResult(faults=faults, delivery=delivery, rewinds=rewinds)
     examples: dict[str, list[str]] = defaultdict(list)
     lateness: list[float] = []
     lost_messages: list[_Message] = []

@@ -383,6 +383,9 @@ def _table(result: dict[str, Any]) -> None:
         ("lateness p50/p99/max ms", "{p50} / {p99} / {max}".format(**result["lateness_ms"])),
         ("replicas converged", result.get("replicas_converged")),
     ]
+    if result.get("rewinds"):
+        # Every node lost its newest entries (flush = async): consumers were told (prev).
+        rows.append(("consumer rewinds", result["rewinds"]))
     print_rows(rows)
     for finding in result.get("findings", []):
         print(f"finding: {finding}")

@@ -25,6 +25,10 @@ PULL_DEADLINE_S = 1.5
 """How long a consumer retries one node before it reads from the next."""
 
 
+def _code(exc: ClientError) -> object:
+    return exc.body.get("error") if isinstance(exc.body, dict) else None
+
+
 @dataclass
 class WorkloadConfig:
     rate: float = 100.0
@@ -154,15 +158,25 @@ class Workload:
 
     async def _consumer(self, queue: int, stop: asyncio.Event) -> None:
         offset = 0
+        read: dict[int, str] = {}  # offset -> msg_id of every message this consumer read
         urls = self.client.urls
         node = queue % len(urls)
         while not stop.is_set():
             path = f"/v1/topics/{TOPIC}/queues/{queue}/messages?offset={offset}&max=500&wait_ms=500"
+            if offset - 1 in read:
+                path += f"&prev={read[offset - 1]}"
             try:
                 page = await self.client.request(
                     "GET", path, url=urls[node], deadline_s=PULL_DEADLINE_S
                 )
-            except (ClientError, TimeoutError, ConnectionError, OSError):
+            except ClientError as exc:
+                if exc.status == 409 and _code(exc) == "offset_diverged":
+                    offset = await self._diverged(queue, offset, read, urls[node])
+                    continue
+                node = (node + 1) % len(urls)
+                await asyncio.sleep(0.1)
+                continue
+            except (TimeoutError, ConnectionError, OSError):
                 # Killed, cut off, or no longer a member (410): read from the next node.
                 node = (node + 1) % len(urls)
                 await asyncio.sleep(0.1)
@@ -170,6 +184,7 @@ class Workload:
             t = now_ms()
             for m in page["messages"]:
                 token = m.get("body")
+                read[int(m["offset"])] = m["msg_id"]
                 self.history.add(
                     "consume",
                     "ok",
@@ -186,6 +201,33 @@ class Workload:
                 if self.latency_sink is not None:
                     self.latency_sink(m, t)
             offset = max(offset, page["next_offset"])
+
+    async def _diverged(self, queue: int, offset: int, read: dict[int, str], url: str) -> int:
+        """The log lost its newest entries under this consumer (every node lost power under
+        ``flush = async``) and their offsets were written again: the first offset whose
+        message differs from what was read there, to read again from. Recorded as a
+        ``rewind``; on no answer, the old position (the next pull asks again)."""
+        at = min(read, default=0)
+        while at < offset:
+            path = f"/v1/topics/{TOPIC}/queues/{queue}/messages?offset={at}&max=500"
+            try:
+                page = await self.client.request("GET", path, url=url, deadline_s=PULL_DEADLINE_S)
+            except (ClientError, TimeoutError, ConnectionError, OSError):
+                return offset
+            for m in page["messages"]:
+                o = int(m["offset"])
+                if o >= offset or read.get(o) != m["msg_id"]:
+                    break
+                at = o + 1
+            else:
+                if page["messages"] and page["next_offset"] < offset:
+                    continue  # all the same so far: the next page
+            break
+        # The page stopped at a differing message, at the queue's end, or at the old position.
+        for o in [o for o in read if o >= at]:
+            del read[o]
+        self.history.add("rewind", "ok", topic=TOPIC, queue=queue, offset=offset, resume=at)
+        return at
 
     def start_consumers(self, stop: asyncio.Event) -> list[asyncio.Task[None]]:
         return [asyncio.create_task(self._consumer(q, stop)) for q in range(QUEUES)]
