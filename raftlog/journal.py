@@ -25,7 +25,9 @@ the rewrite that drops entries covered by a snapshot are synced before the next 
 directory is synced after the file is created or replaced (which also makes durable the
 snapshot that pysyncobj renamed into the same directory just before), and term and vote
 (``journal.meta``, JSON) are replaced atomically and synced before pysyncobj sends the vote.
-The commit index, saved once a second, is only a hint (``journal.commit``, not synced).
+The commit index, saved once a second, is only a hint (``journal.commit``, not synced), and
+read back only under ``flush="sync"``: under ``"async"`` a restarted node applies nothing past
+its snapshot before a leader's commit index says what is committed.
 
 Recovery. A record that fails its length or CRC is a torn write when it belongs to the last
 sync groups (:data:`TORN_GROUPS`): written after the last completed sync, so never
@@ -324,7 +326,14 @@ class DurableJournal(Journal):
         self._dirty_since: float | None = None
         self._meta: dict[str, Any] = load_meta(self._meta_path)
         self._commit_path = path + ".commit"
-        self._commit_index = _load_commit_index(self._commit_path, self._meta)
+        # Raft's commit index is volatile state. Under "sync" every committed entry is on
+        # the disks of a majority, so the saved one is a safe head start; under "async" a
+        # power cut of every node can take committed entries from most journals, and a node
+        # that applied them from its own journal before hearing from a leader would keep
+        # them when a leader without them wins: it waits for the leader's commit index.
+        self._commit_index = (
+            _load_commit_index(self._commit_path, self._meta) if flush == "sync" else 1
+        )
         self._commit_saved = True
         self._entries: list[Entry] = []
         self._offsets: list[int] = []
