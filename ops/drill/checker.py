@@ -25,7 +25,11 @@ Per fault, ``faults`` gives each start with ``lost``: the lost messages whose ac
 came after the previous fault's start and before this one's (the first fault that could have
 taken them), and ``lost_acked_ms_before``, how long before the start the newest and oldest of
 them were acknowledged (what a power cut's loss window is measured by). ``lost_after_faults``
-counts the lost ones acknowledged after the last fault began.
+counts the lost ones acknowledged after the last fault began. ``gone`` and
+``gone_acked_ms_before`` are the same for the lost messages the final read found no more in
+the log (what the storage lost, as against what consumers missed), each given to the first
+fault that began after it was acknowledged: a power cut cannot take what was acknowledged
+after it.
 
 Reported only: ``recovered`` (a produce that failed or whose outcome was unknown, delivered
 anyway, which is allowed: "unknown" means exactly that), with pop consumption ``redelivered``
@@ -276,6 +280,8 @@ def check(
         "max": lateness[-1] if lateness else None,
     }
     result.lost_after_faults = _lost_per_fault(faults, ends, lost_messages)
+    if final is not None:
+        _gone_per_fault(faults, [m for m in lost_messages if m.token not in final])
     marks = recovery_marks(faults, disruptions)
     result.rto_s, result.produce_rto_s = _recovery(marks, messages, produce_oks)
     result.leaderless_s = _leaderless(disruptions)
@@ -308,6 +314,22 @@ def _lost_per_fault(
         f["lost"] = len(found)
         f["lost_acked_ms_before"] = {"min": found[0], "max": found[-1]} if found else None
     return after
+
+
+def _gone_per_fault(faults: list[dict[str, Any]], gone: list[_Message]) -> None:
+    """Add ``gone`` (and the ack ages) to the first fault that began after each message
+    gone from the log was acknowledged."""
+    starts = [int(f["t_ms"]) for f in faults]
+    ages: dict[int, list[int]] = defaultdict(list)
+    for m in gone:
+        ok_ms = m.ok_ms if m.ok_ms is not None else 0
+        at = bisect.bisect_left(starts, ok_ms)
+        if at < len(starts):
+            ages[at].append(starts[at] - ok_ms)
+    for i, f in enumerate(faults):
+        found = sorted(ages.get(i, []))
+        f["gone"] = len(found)
+        f["gone_acked_ms_before"] = {"min": found[0], "max": found[-1]} if found else None
 
 
 def recovery_marks(

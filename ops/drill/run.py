@@ -355,16 +355,20 @@ def _power_summary(result: dict[str, Any]) -> dict[str, Any]:
     """Power cuts by scope, the messages each lost, and the loss window against the bound."""
     cuts = [f for f in result["faults"] if f.get("fault") == "power-cut"]
     windows = [f["lost_acked_ms_before"]["max"] for f in cuts if f.get("lost_acked_ms_before")]
+    gone = [f["gone_acked_ms_before"]["max"] for f in cuts if f.get("gone_acked_ms_before")]
     by_scope: dict[str, dict[str, int]] = {}
     for f in cuts:
-        row = by_scope.setdefault(str(f.get("scope")), {"cuts": 0, "lost": 0})
+        row = by_scope.setdefault(str(f.get("scope")), {"cuts": 0, "lost": 0, "gone": 0})
         row["cuts"] += 1
         row["lost"] += int(f.get("lost", 0))
+        row["gone"] += int(f.get("gone", 0))
     return {
         "cuts": len(cuts),
         "by_scope": by_scope,
         "lost": sum(int(f.get("lost", 0)) for f in cuts),
         "lost_acked_ms_before_cut_max": max(windows) if windows else None,
+        "gone": sum(int(f.get("gone", 0)) for f in cuts),
+        "gone_acked_ms_before_cut_max": max(gone) if gone else None,
         "async_bound_ms": ASYNC_FLUSH_INTERVAL_MS,
     }
 
@@ -412,10 +416,15 @@ def _power_table(result: dict[str, Any]) -> None:
     cuts = [f for f in result["faults"] if f.get("fault") == "power-cut"]
     details = result.get("power_cuts", [])
     print()
-    print(f"{'power cut':<10} {'scope':<9} {'nodes':<10} {'lost':>5}  acked before cut (ms)  disk")
+    print(
+        f"{'power cut':<10} {'scope':<9} {'nodes':<10} {'lost':>5}  acked before cut (ms)  "
+        f"{'gone':>5}  acked before cut (ms)  disk"
+    )
     for k, f in enumerate(cuts):
         window = f.get("lost_acked_ms_before")
-        span = f"{window['min']}-{window['max']}" if window else "-"
+        span = f"{window['min']}..{window['max']}" if window else "-"
+        gone_window = f.get("gone_acked_ms_before")
+        gone_span = f"{gone_window['min']}..{gone_window['max']}" if gone_window else "-"
         disk = ""
         if k < len(details):
             per_node = details[k].get("cut", {}).values()
@@ -425,8 +434,20 @@ def _power_table(result: dict[str, Any]) -> None:
             )
         nodes = ",".join(str(n) for n in f.get("nodes", []))
         print(
-            f"{k + 1:<10} {f.get('scope')!s:<9} {nodes:<10} {f.get('lost', 0):>5}  {span:<21}  {disk}"
+            f"{k + 1:<10} {f.get('scope')!s:<9} {nodes:<10} {f.get('lost', 0):>5}  {span:<21}  "
+            f"{f.get('gone', 0):>5}  {gone_span:<21}  {disk}"
         )
+    gone_window = summary.get("gone_acked_ms_before_cut_max")
+    print(
+        f"gone from the log: {summary.get('gone', 0)} acknowledged messages"
+        + (
+            f", acknowledged up to {gone_window} ms before the cut that took them "
+            f"(flush=async bound in the README: {summary['async_bound_ms']} ms)"
+            if gone_window is not None
+            else ""
+        )
+        + "; the rest of the lost are in the log but no consumer read them"
+    )
     window = summary["lost_acked_ms_before_cut_max"]
     print(
         f"{summary['cuts']} power cuts lost {summary['lost']} acknowledged messages"

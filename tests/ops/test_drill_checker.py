@@ -335,3 +335,26 @@ def test_lost_messages_are_charged_to_the_fault_they_preceded() -> None:
     assert kill["lost"] == 1 and kill["lost_acked_ms_before"] == {"min": 995, "max": 995}
     assert cut["lost"] == 2 and cut["lost_acked_ms_before"] == {"min": -15, "max": 195}
     assert r.lost_after_faults == 1
+
+
+def test_messages_gone_from_the_log_are_charged_to_the_next_cut_and_rewinds_counted() -> None:
+    """What the storage lost (not in the final read) goes to the first fault that began after
+    its acknowledgement, even when a minority cut was on when it was acknowledged; what
+    consumers missed but the log holds is lost without being gone."""
+    h = [
+        _fault("start", "power-cut", 1000, scope="minority", nodes=[2]),
+        *produce("during-minority", 1500, kind="plain"),
+        _fault("end", "power-cut", 3000, scope="minority", nodes=[2]),
+        *produce("skipped", 3500, kind="plain"),
+        *produce("gone", 3900, kind="plain"),
+        _fault("start", "power-cut", 4000, scope="all", nodes=[0, 1, 2]),
+        _fault("end", "power-cut", 6000, scope="all", nodes=[0, 1, 2]),
+        {"op": "rewind", "type": "ok", "t_ms": 6500, "queue": 0, "offset": 9, "resume": 7},
+        {"op": "final", "type": "ok", "t_ms": 9000, "queue": 0, "tokens": ["skipped"]},
+    ]
+    r = check(h)
+    assert r.lost == 3 and r.lost_unconsumed_in_log == 1 and r.rewinds == 1
+    minority, everyone = r.faults
+    assert minority["lost"] == 1 and minority["gone"] == 0
+    assert minority["gone_acked_ms_before"] is None
+    assert everyone["gone"] == 2 and everyone["gone_acked_ms_before"] == {"min": 95, "max": 2495}
