@@ -54,11 +54,15 @@ def send_results(answer: Mapping[str, Any]) -> list[SendResult]:
     return [SendResult.from_json(r, duplicate) for r in answer["results"]]
 
 
-def pull(topic: str, queue: int, offset: int, max_messages: int, wait_ms: int) -> Req:
+def pull(
+    topic: str, queue: int, offset: int, max_messages: int, wait_ms: int, prev: str | None = None
+) -> Req:
+    """A page from ``offset``. With ``prev``, the msg_id read at ``offset - 1``, a node whose
+    log no longer holds it there answers 409 ``offset_diverged`` (the log was rewound)."""
     return Req(
         "GET",
         path("v1", "topics", topic, "queues", queue, "messages")
-        + query(offset=offset, max=max_messages, wait_ms=wait_ms),
+        + query(offset=offset, max=max_messages, wait_ms=wait_ms, prev=prev),
         wait_ms=wait_ms,
     )
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from chronomq import _api
 from chronomq._batch import Batcher
-from chronomq._consume import ConsumerState, FetchStart, Start
+from chronomq._consume import ConsumerState, FetchStart, Pulled, QueueCursor, Start
 from chronomq._http_sync import SyncTransport
 from chronomq._model import CancelResult, MessageData, SendResult, message_fields, produce_message
 from chronomq.errors import ChronomqError, RequestError
@@ -192,6 +192,8 @@ class Message(MessageData):
     """A consumed message (see :class:`chronomq._model.MessageData` for its fields)."""
 
     _consumer: Consumer | None = field(default=None, repr=False, compare=False)
+    _epoch: int = field(default=0, repr=False, compare=False)
+    """Rewinds its queue had when it was fetched (see :class:`chronomq._consume.Rewind`)."""
 
     def reconsume_later(self, delay_level: int = 0) -> str:
         """Send the message back to be consumed again later, through the group's retry topic
@@ -214,7 +216,9 @@ class Consumer:
 
     A queue resumes from the group's committed offset; a group without one starts at
     ``start`` (``"earliest"`` or ``"latest"``). One consumer per group: several consumers of
-    one group would each read every queue.
+    one group would each read every queue. After a rewind of the log (every node lost power
+    under ``flush = async``) a queue is read again from the first offset whose message changed
+    (see :class:`chronomq._consume.QueueCursor`).
     """
 
     def __init__(
@@ -292,10 +296,10 @@ class Consumer:
             if state.commit_due(now):
                 self._commit()
                 state.auto_committed(now)
-            if self._page:
+            while self._page:
                 msg = self._page.pop(0)
-                state.hand_out(msg)
-                return msg
+                if state.hand_out(msg, msg._epoch):
+                    return msg
             cap = 0.5 if deadline is None else min(0.5, deadline - now)
             if cap <= 0:
                 return None
@@ -355,27 +359,33 @@ class Consumer:
         th.start()
 
     def _fetch(self, start: FetchStart) -> None:
-        offset = start.offset
+        cursor = QueueCursor(start, self._max_messages, self._fetch_wait_ms)
         while not self._closed.is_set():
-            req = _api.pull(
-                start.topic, start.queue, offset, self._max_messages, self._fetch_wait_ms
-            )
+            got: Pulled | None
             try:
-                answer = self._t.call(**req.kwargs())
+                answer = self._t.call(**cursor.request().kwargs())
             except RequestError as exc:
                 if exc.status == 404:  # this node has not applied the topic yet
                     self._closed.wait(0.2)
                     continue
-                self._error = exc
-                return
+                got = cursor.refused(exc)
+                if got is None:
+                    self._error = exc
+                    return
             except ChronomqError as exc:
                 if self._closed.is_set():
                     return
                 log.warning("pull %s/%d failed, retrying: %s", start.topic, start.queue, exc)
                 self._closed.wait(0.2)
                 continue
-            offset = int(answer["next_offset"])
-            page = [Message(**message_fields(m), _consumer=self) for m in answer["messages"]]
+            else:
+                got = cursor.answered(answer)
+            if got.rewind is not None:
+                log.warning("%s", got.rewind.describe())
+                self._state.rewound(got.rewind)
+            page = [
+                Message(**message_fields(m), _consumer=self, _epoch=got.epoch) for m in got.messages
+            ]
             while page and not self._closed.is_set():
                 try:
                     self._pages.put(page, timeout=0.5)
@@ -392,6 +402,6 @@ class Consumer:
     def _send_back(self, message: Message, delay_level: int) -> str:
         req = _api.send_back(self.group, message.topic, message.queue, message.offset, delay_level)
         answer = self._t.call(**req.kwargs())
-        self._state.finish(message)
+        self._state.finish(message, message._epoch)
         self._state.refresh_soon(time.monotonic())
         return str(answer.get("target", "retry"))

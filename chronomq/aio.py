@@ -21,7 +21,7 @@ from typing import Any
 
 from chronomq import _api
 from chronomq._batch import Batcher
-from chronomq._consume import ConsumerState, FetchStart, Start
+from chronomq._consume import ConsumerState, FetchStart, Pulled, QueueCursor, Start
 from chronomq._http_aio import AioTransport
 from chronomq._model import CancelResult, MessageData, SendResult, message_fields, produce_message
 from chronomq.errors import ChronomqError, RequestError
@@ -186,6 +186,8 @@ class Message(MessageData):
     """A consumed message (see :class:`chronomq._model.MessageData` for its fields)."""
 
     _consumer: Consumer | None = field(default=None, repr=False, compare=False)
+    _epoch: int = field(default=0, repr=False, compare=False)
+    """Rewinds its queue had when it was fetched (see :class:`chronomq._consume.Rewind`)."""
 
     async def reconsume_later(self, delay_level: int = 0) -> str:
         """Send the message back through the group's retry topic (or to its DLQ after
@@ -276,10 +278,10 @@ class Consumer:
             if state.commit_due(now):
                 await self._commit()
                 state.auto_committed(now)
-            if self._page:
+            while self._page:
                 msg = self._page.pop(0)
-                state.hand_out(msg)
-                return msg
+                if state.hand_out(msg, msg._epoch):
+                    return msg
             cap = 0.5 if deadline is None else min(0.5, deadline - now)
             if cap <= 0:
                 return None
@@ -332,25 +334,31 @@ class Consumer:
 
     async def _fetch(self, start: FetchStart) -> None:
         assert self._pages is not None
-        offset = start.offset
+        cursor = QueueCursor(start, self._max_messages, self._fetch_wait_ms)
         while not self._closed:
-            req = _api.pull(
-                start.topic, start.queue, offset, self._max_messages, self._fetch_wait_ms
-            )
+            got: Pulled | None
             try:
-                answer = await self._t.call(**req.kwargs())
+                answer = await self._t.call(**cursor.request().kwargs())
             except RequestError as exc:
                 if exc.status == 404:  # this node has not applied the topic yet
                     await asyncio.sleep(0.2)
                     continue
-                self._error = exc
-                return
+                got = cursor.refused(exc)
+                if got is None:
+                    self._error = exc
+                    return
             except ChronomqError as exc:
                 log.warning("pull %s/%d failed, retrying: %s", start.topic, start.queue, exc)
                 await asyncio.sleep(0.2)
                 continue
-            offset = int(answer["next_offset"])
-            page = [Message(**message_fields(m), _consumer=self) for m in answer["messages"]]
+            else:
+                got = cursor.answered(answer)
+            if got.rewind is not None:
+                log.warning("%s", got.rewind.describe())
+                self._state.rewound(got.rewind)
+            page = [
+                Message(**message_fields(m), _consumer=self, _epoch=got.epoch) for m in got.messages
+            ]
             if page:
                 await self._pages.put(page)
 
@@ -363,6 +371,6 @@ class Consumer:
     async def _send_back(self, message: Message, delay_level: int) -> str:
         req = _api.send_back(self.group, message.topic, message.queue, message.offset, delay_level)
         answer = await self._t.call(**req.kwargs())
-        self._state.finish(message)
+        self._state.finish(message, message._epoch)
         self._state.refresh_soon(time.monotonic())
         return str(answer.get("target", "retry"))

@@ -507,25 +507,30 @@ class Broker:
         With ``wait_ms`` it waits for a message on this queue, until the deadline or until
         ``gone`` (the client's connection is lost) resolves. With ``prev`` (the msg_id the
         consumer read at ``offset - 1``) it first checks that the log still holds that message
-        there (see :meth:`check_prev`).
+        there (see :meth:`check_prev`); when this node could not tell then, it checks again
+        before answering with messages, which it holds only once it holds ``offset - 1``.
         """
         store = self.raftlog.store
         self.check_queue(topic, queue)
-        if prev is not None:
-            await self.check_prev(topic, queue, offset, prev)
+        unsure = prev is not None and not await self.check_prev(topic, queue, offset, prev)
+
+        async def checked(page: PullPage) -> PullPage:
+            if unsure and prev is not None and page.messages:
+                await self.check_prev(topic, queue, offset, prev)
+            return page
+
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         while True:
             left = deadline - loop.time()
             if left <= 0 or (gone is not None and gone.done()):
-                return await self._read_page(topic, queue, offset, max_messages), store.max_offset(
-                    topic, queue
-                )
+                page = await self._read_page(topic, queue, offset, max_messages)
+                return await checked(page), store.max_offset(topic, queue)
             woken = self.waiters.register(topic, queue, store.max_offset(topic, queue))
             try:
                 page = await self._read_page(topic, queue, offset, max_messages)
                 if page.messages:
-                    return page, store.max_offset(topic, queue)
+                    return await checked(page), store.max_offset(topic, queue)
                 await asyncio.wait(
                     [woken] if gone is None else [woken, gone],
                     timeout=left,
@@ -536,31 +541,33 @@ class Broker:
             if gone is not None and gone.done():
                 return PullPage((), max(offset, 0)), store.max_offset(topic, queue)
 
-    async def check_prev(self, topic: str, queue: int, offset: int, prev: str) -> None:
-        """409 ``offset_diverged`` when the message at ``offset - 1`` is not ``prev``.
+    async def check_prev(self, topic: str, queue: int, offset: int, prev: str) -> bool:
+        """409 ``offset_diverged`` when the message at ``offset - 1`` is not ``prev``; False
+        when this node cannot tell (yet), True when it holds ``prev`` there or nothing needs
+        comparing.
 
         A log loses its newest entries only when every node loses power at once under
         ``flush = async``; the offsets they held are then written again by other messages, and
         a consumer past them would skip those without noticing. The message is compared where
         this node holds it; where it does not, only a caught-up leader can tell that the log
         is shorter than the consumer read (a follower may not have applied it yet), and
-        otherwise the pull goes on as usual. Below the queue's minimum (retention) there is
-        nothing to compare."""
+        otherwise the pull goes on and :meth:`pull` asks again before it answers with
+        messages. Below the queue's minimum (retention) there is nothing to compare."""
         at = offset - 1
         store = self.raftlog.store
         if at < 0 or at < store.min_offset(topic, queue):
-            return
+            return True
         end = store.max_offset(topic, queue)
         if at < end:
             page = await self._read_page_from(topic, queue, at, 1)
             held = orjson.loads(page.messages[0])["msg_id"] if page.messages else None
             if held == prev:
-                return
+                return True
             why = f"the message at offset {at} is {held}, not {prev}"
         elif self.raftlog.leads_caught_up():
             why = f"the queue ends at offset {end}: the message at offset {at} is gone"
         else:
-            return
+            return False
         raise ApiError(
             409,
             "offset_diverged",

@@ -14,6 +14,7 @@ import pytest
 
 from chronomq.cluster.client import Client, ClientError
 from chronomq.cluster.launcher import LocalCluster
+from tests.integration.conftest import wait_for
 from tests.integration.rewind import SETTINGS, last_index, rewind_every_node
 from tests.integration.test_restart_all import kill_all_at_once
 
@@ -56,7 +57,22 @@ def test_a_pull_past_a_rewound_log_is_refused_naming_prev(make_cluster: Any) -> 
         async with Client(cluster.urls) as client:
             page = await _read(client, cluster.urls[leader], 0)
             assert [m["msg_id"] for m in page["messages"]] == kept, "the rewind took nothing"
+            # A follower cannot tell yet (its queue ends before offset 49): the pull waits, and
+            # answers 409 once offset 49 is written again instead of the messages from 50 on.
+            follower_url = cluster.urls[follower]
+            waiting = asyncio.create_task(
+                _read(client, follower_url, 50, prev=lost[-1], wait_ms=10_000)
+            )
+
+            async def follower_waits() -> bool:
+                return bool((await client.node(follower_url))["pull_waiters"])
+
+            await wait_for(follower_waits, 20, "the follower's long-poll", cluster)
             again = await _produce(client, "c", 40)  # offsets 30..69: 30..49 held `lost`
+            with pytest.raises(ClientError) as refused:
+                await waiting
+            assert refused.value.status == 409, refused.value
+            assert refused.value.body["error"] == "offset_diverged", refused.value.body
             # Without prev, a consumer at offset 50 skips the 20 new messages at 30..49.
             page = await _read(client, cluster.urls[leader], 50)
             assert [m["msg_id"] for m in page["messages"]] == again[20:]
