@@ -479,6 +479,15 @@ def main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("chronomq drill: interrupted; everything it started was stopped", file=sys.stderr)
         return 130
+    except RuntimeError as exc:
+        # A node that would not start or stay up (a port taken by another cluster or drill,
+        # a disk that cannot be mounted): the drill could not run; everything was stopped.
+        print(
+            f"chronomq drill: could not run: {exc} (another drill or cluster on the same "
+            "ports? see --http-port and --raft-port)",
+            file=sys.stderr,
+        )
+        return 3
     _table(result)
     write_json(result, args.out)
     if not args.keep and args.out_dir is None:
