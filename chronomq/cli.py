@@ -11,6 +11,7 @@ from chronomq.cluster.cli import build_parser as build_node_parser
 from chronomq.cluster.cli import example_epilog, paragraph
 from chronomq.cluster.cli import main as node_main
 from chronomq.ops.bench_grpc import register as register_bench_grpc
+from chronomq.ops.bench_models import register as register_bench_models
 from chronomq.ops.bench_produce import register as register_bench_produce
 from chronomq.ops.bench_schedule import register as register_bench_schedule
 from chronomq.ops.bench_timer import register as register_bench_timer
@@ -24,14 +25,15 @@ def add_ops_commands(sub: Any) -> None:
         "bench",
         help="benchmarks (print a table, write JSON with --out)",
         description=paragraph(
-            "Benchmarks on a cluster of their own: each prints a table and, with "
-            "--out, writes its figures as one JSON object."
+            "Benchmarks, each on a cluster of its own (models: in this process): each "
+            "prints a table and, with --out, writes its figures as one JSON object."
         ),
         epilog=example_epilog(
             "chronomq bench produce --nodes 3 --messages 200000 --out produce.json",
             "chronomq bench schedule --levels 4 --messages-per-level 20000 --out schedule.json",
             "chronomq bench timer --rate 2000 --duration 60 --out timer.json",
             "chronomq bench grpc --out grpc.json",
+            "chronomq bench models --out models.json",
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -40,6 +42,7 @@ def add_ops_commands(sub: Any) -> None:
     register_bench_timer(bsub)
     register_bench_schedule(bsub)
     register_bench_grpc(bsub)
+    register_bench_models(bsub)
     register_drill(sub)
     register_ops(sub)
 

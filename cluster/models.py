@@ -13,10 +13,9 @@ the schema-driven fuzz validate every answer they get against it. Fields that ca
 declared ``X | None``.
 
 Why msgspec and not pydantic: decoding a 512-message produce body into the model costs what
-``orjson.loads`` alone cost before, so the checks come free (``python -m
-chronomq.ops.bench_models``; figures in the README's HTTP API section); msgspec is one small
-wheel without dependencies, and :func:`msgspec.json.schema_components` gives ``/openapi.json``
-straight from the Structs.
+``orjson.loads`` alone cost before, so the checks come free (``chronomq bench models``; figures
+in the README's HTTP API section); msgspec is one small wheel without dependencies, and
+:func:`msgspec.json.schema_components` gives ``/openapi.json`` straight from the Structs.
 """
 
 from __future__ import annotations

@@ -30,20 +30,17 @@ import argparse
 import asyncio
 import functools
 import os
-import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from chronomq.cluster.launcher import LocalCluster, parse_sets
-from chronomq.cluster.output import print_rows, write_json
-from chronomq.ops.bench_timer import cpu_seconds
 from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
+from chronomq.ops.benchutil import cpu_figures, cpu_sample, figure_rows, print_figures, progress
 from chronomq.ops.stats import percentile
 
 TOPIC = "bench_grpc"
@@ -51,66 +48,6 @@ GROUP = "bench_grpc_group"
 REQUEST_TIMEOUT_S = 10
 #: How long the receive+ack phase may take, at most, before it gives up counting.
 DRAIN_DEADLINE_S = 600.0
-
-
-def _progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def _machine_jiffies() -> tuple[int, int] | None:
-    """(busy, total) CPU jiffies of the whole machine since boot (Linux ``/proc/stat``)."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return sum(fields) - idle, sum(fields)
-
-
-@dataclass(frozen=True, slots=True)
-class CpuSample:
-    wall_s: float
-    client_s: float
-    nodes_s: dict[int, float | None]
-    machine: tuple[int, int] | None
-
-
-def cpu_sample(pids: dict[int, int]) -> CpuSample:
-    t = os.times()
-    return CpuSample(
-        wall_s=time.monotonic(),
-        client_s=t.user + t.system,
-        nodes_s={i: cpu_seconds(pid) for i, pid in pids.items()},
-        machine=_machine_jiffies(),
-    )
-
-
-def cpu_figures(before: CpuSample, after: CpuSample, leader: int) -> dict[str, Any]:
-    """CPU of a phase as percent of one core: the client, the leader, every node, the machine."""
-    wall = max(after.wall_s - before.wall_s, 1e-9)
-
-    def pct(seconds: float) -> float:
-        return round(100 * seconds / wall, 1)
-
-    nodes: dict[str, float | None] = {}
-    for i, b in before.nodes_s.items():
-        a = after.nodes_s.get(i)
-        name = f"node{i}" + ("(leader)" if i == leader else "")
-        nodes[name] = pct(a - b) if a is not None and b is not None else None
-    machine = None
-    if before.machine and after.machine:
-        busy = after.machine[0] - before.machine[0]
-        total = after.machine[1] - before.machine[1]
-        machine = round(100 * (os.cpu_count() or 1) * busy / total, 1) if total > 0 else None
-    a_leader, b_leader = after.nodes_s.get(leader), before.nodes_s.get(leader)
-    return {
-        "client_pct": pct(after.client_s - before.client_s),
-        "leader_pct": pct(a_leader - b_leader)
-        if a_leader is not None and b_leader is not None
-        else None,
-        "nodes_pct": nodes,
-        "machine_pct": machine,
-    }
 
 
 def _latency_figures(prefix: str, lat_ms: list[float]) -> dict[str, float | None]:
@@ -307,7 +244,7 @@ def _report_drain(drain: Drain, t0: float) -> None:
     while not drain.all_acked.wait(5.0):
         with drain.lock:
             acked = len(drain.acked)
-        _progress(f"receive+ack: {acked}/{drain.expected} acked, {time.perf_counter() - t0:.0f} s")
+        progress(f"receive+ack: {acked}/{drain.expected} acked, {time.perf_counter() - t0:.0f} s")
 
 
 async def _http_sends(
@@ -348,7 +285,7 @@ def _phase(
     result[f"{name}_per_s"] = round(count / elapsed) if elapsed > 0 else None
     result.update(_latency_figures(f"{name}_latency", lat))
     result[f"{name}_cpu"] = cpu
-    _progress(
+    progress(
         f"{name}: {result[f'{name}_per_s']}/s in {elapsed:.1f} s; client {cpu['client_pct']} %, "
         f"leader {cpu['leader_pct']} % of a core"
     )
@@ -385,9 +322,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cluster.wait_all_know_leader(60)
         pids = {i: p.pid for i, p in cluster.procs.items()}
         result["leader"] = f"node{leader}"
-        _progress(
-            f"cluster of {args.nodes} up, leader node {leader}; gRPC {cluster.grpc_endpoints}"
-        )
+        progress(f"cluster of {args.nodes} up, leader node {leader}; gRPC {cluster.grpc_endpoints}")
         config = _config(cluster)
         producer = Producer(config, (TOPIC,))
         producer.startup()
@@ -416,7 +351,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             producer.shutdown()
         result["sent"] = sent
-        _progress(f"receive+ack: {args.consumers} consumers draining {sent} messages")
+        progress(f"receive+ack: {args.consumers} consumers draining {sent} messages")
         before = cpu_sample(pids)
         elapsed, drain, left_after = receive_and_ack(
             config, sent, args.consumers, args.batch, args.invisible_s, args.ack_inflight,
@@ -436,7 +371,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             **_latency_figures("ack_latency", drain.ack_lat_ms),
             receive_ack_cpu=cpu,
         )
-        _progress(
+        progress(
             f"receive+ack: {result['receive_ack_per_s']}/s in {elapsed:.1f} s; client "
             f"{cpu['client_pct']} %, leader {cpu['leader_pct']} % of a core"
         )
@@ -503,14 +438,10 @@ def main(args: argparse.Namespace) -> int:
         if not complete:
             data.keep()
     rows = [
-        (k, _cpu_row(result[k]) + " (% of one core)" if k.endswith("_cpu") else result[k])
-        for k in _ROWS
-        if k in result
+        (k, _cpu_row(v) + " (% of one core)" if k.endswith("_cpu") else v)
+        for k, v in figure_rows(result, _ROWS, with_settings=True)
     ]
-    if result["settings"]:
-        rows.append(("settings", " ".join(f"{k}={v}" for k, v in result["settings"].items())))
-    print_rows(rows)
-    write_json(result, args.out)
+    print_figures(rows, result, args.out)
     return 0 if complete else 1
 
 

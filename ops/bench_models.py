@@ -1,7 +1,8 @@
-"""``python -m chronomq.ops.bench_models``: what the request models cost on the produce path.
+"""``chronomq bench models``: what the request models cost on the produce path.
 
 Parses one produce body of ``--messages`` messages (512 by default; each with a body of about
-100 bytes, a key, a tag and two properties) ``--rounds`` times, best of five, on one core:
+100 bytes, a key, a tag and two properties) ``--rounds`` times, best of five, on one core, in
+this process (no cluster):
 
 - ``orjson_loads_ms``: ``orjson.loads`` of the body into dicts, what the handler paid before
   the models, ahead of any check;
@@ -9,6 +10,8 @@ Parses one produce body of ``--messages`` messages (512 by default; each with a 
   types, required and unknown fields, bounds);
 - ``parse_ms``: decode plus :meth:`Broker.parse_messages` (the checks that depend on the node
   and the NewMessages it proposes), bytes in, messages out.
+
+Prints a table and, with ``--out``, writes the figures as one JSON object.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import orjson
 
 from chronomq.cluster import models
 from chronomq.cluster.broker import Broker
-from chronomq.cluster.output import print_rows, write_json
+from chronomq.ops.benchutil import print_figures, progress
 
 
 def produce_body(messages: int) -> bytes:
@@ -82,27 +85,39 @@ def run(messages: int, rounds: int) -> dict[str, Any]:
         request = models.decode(body, models.ProduceRequest)
         return Broker.parse_messages(stub, "orders", request.messages)
 
-    return {
-        "messages": messages,
-        "body_bytes": len(body),
-        "orjson_loads_ms": _best_ms(lambda: orjson.loads(body), rounds),
-        "decode_ms": _best_ms(lambda: models.decode(body, models.ProduceRequest), rounds),
-        "parse_ms": _best_ms(parse, rounds),
-    }
+    figures: dict[str, Any] = {"messages": messages, "body_bytes": len(body)}
+    timed: tuple[tuple[str, Callable[[], object]], ...] = (
+        ("orjson_loads_ms", lambda: orjson.loads(body)),
+        ("decode_ms", lambda: models.decode(body, models.ProduceRequest)),
+        ("parse_ms", parse),
+    )
+    for name, f in timed:
+        progress(f"{name}: best of 5 x {rounds} rounds of {messages} messages")
+        figures[name] = _best_ms(f, rounds)
+    return figures
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m chronomq.ops.bench_models", description=__doc__)
-    p.add_argument("--messages", type=int, default=512)
-    p.add_argument("--rounds", type=int, default=300)
-    p.add_argument("--out", help="write the figures as JSON here")
-    args = p.parse_args(argv)
+def main(args: argparse.Namespace) -> int:
     figures = run(args.messages, args.rounds)
-    print_rows(list(figures.items()))
-    if args.out:
-        write_json(figures, args.out)
+    print_figures(list(figures.items()), figures, args.out)
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "models",
+        help="parse cost of the produce request model, in this process",
+        description=__doc__,
+        epilog="examples:\n"
+        "  chronomq bench models --out models.json\n"
+        "  chronomq bench models --messages 2000 --rounds 100",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--messages", type=int, default=512, help="messages in the produce body (default 512)"
+    )
+    p.add_argument(
+        "--rounds", type=int, default=300, help="parses per timing, best of 5 (default 300)"
+    )
+    p.add_argument("--out", help="write the figures as JSON here")
+    p.set_defaults(func=main)

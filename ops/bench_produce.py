@@ -16,22 +16,17 @@ import asyncio
 import dataclasses
 import itertools
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from chronomq.cluster import fdbudget
 from chronomq.cluster.launcher import LocalCluster, parse_sets
-from chronomq.cluster.output import print_rows, write_json
 from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
+from chronomq.ops.benchutil import figure_rows, print_figures, progress
 from chronomq.ops.stats import percentile
 
 FOLLOWER_SETTINGS = {"raft_min_timeout_ms": 1500, "raft_max_timeout_ms": 3000}
-
-
-def _progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def topic_names(base: str, count: int) -> list[str]:
@@ -155,7 +150,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.http:
             cluster.start()
             cluster.wait_leader(60)
-            _progress(f"cluster of {args.nodes} up; producing {args.messages} messages over HTTP")
+            progress(f"cluster of {args.nodes} up; producing {args.messages} messages over HTTP")
             elapsed, lat = asyncio.run(
                 _produce_http(cluster, args.messages, args.producers, args.batch, body, topics)
             )
@@ -172,7 +167,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             if not rl.wait_leader(60):
                 raise RuntimeError("the in-process node did not become leader")
-            _progress(
+            progress(
                 f"cluster of {args.nodes} up (leader in-process); producing {args.messages} messages"
             )
             elapsed, lat = asyncio.run(
@@ -188,9 +183,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             throughput_commit_latency_ms_p50=round(percentile(lat, 0.5), 2),
             throughput_commit_latency_ms_p99=round(percentile(lat, 0.99), 2),
         )
-        _progress(f"throughput phase: {result['messages_per_s']} msgs/s in {elapsed:.1f} s")
+        progress(f"throughput phase: {result['messages_per_s']} msgs/s in {elapsed:.1f} s")
         if args.rate and rl is not None:
-            _progress(f"steady phase: {args.rate} msgs/s for {args.duration} s")
+            progress(f"steady phase: {args.rate} msgs/s for {args.duration} s")
             count, slat = asyncio.run(
                 _steady_inprocess(rl, args.rate, args.duration, body.encode(), "bench")
             )
@@ -223,9 +218,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main(args: argparse.Namespace) -> int:
     with bench_dir(args, "chronomq-bench-"):
         result = run(args)
-    rows: list[tuple[str, Any]] = [
-        (k, result[k])
-        for k in (
+    rows = figure_rows(
+        result,
+        (
             "nodes",
             "mode",
             "messages",
@@ -237,13 +232,11 @@ def main(args: argparse.Namespace) -> int:
             "commit_latency_ms_p99",
             "journal_syncs",
             "journal_unsynced_ms_max",
-        )
-        if k in result
-    ]
+        ),
+    )
     if "rate" in result:
         rows.insert(6, ("steady_rate", result["rate"]))
-    print_rows(rows)
-    write_json(result, args.out)
+    print_figures(rows, result, args.out)
     return 0
 
 

@@ -17,25 +17,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from chronomq.cluster.client import Client
 from chronomq.cluster.launcher import LocalCluster, parse_sets
-from chronomq.cluster.output import print_rows, write_json
 from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
+from chronomq.ops.benchutil import print_figures, progress
 from chronomq.ops.stats import percentile
 
 TOPIC = "bench-delayed"
 QUEUES = 4
 LOAD_BATCH = 500
 LOAD_PRODUCERS = 4
-
-
-def _progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def level_table(levels: int) -> str:
@@ -78,12 +73,12 @@ async def _drain_phase(
     await client.set_schedule(mode=mode, paused=True)
     url = cluster.http_url(await asyncio.to_thread(cluster.wait_leader, 60))
     start = await _offsets(client, url)
-    _progress(f"{mode}: loading {levels} x {per_level} messages")
+    progress(f"{mode}: loading {levels} x {per_level} messages")
     due = await _preload(client, levels, per_level, body, TOPIC)
     wait_s = max(0.0, max(due.values()) / 1000 - time.time()) + 0.05
     await asyncio.sleep(wait_s)  # every message due before the clock starts
     target = [s + per_level for s in start]
-    _progress(f"{mode}: all due; draining")
+    progress(f"{mode}: all due; draining")
     t0 = time.perf_counter()
     await client.set_schedule(paused=False)
     deadline = time.monotonic() + 600
@@ -96,14 +91,14 @@ async def _drain_phase(
         if time.monotonic() - last_report > 5:
             last_report = time.monotonic()
             moved = sum(d - s for d, s in zip(done, start, strict=True))
-            _progress(f"{mode}: {moved}/{levels * per_level} delivered")
+            progress(f"{mode}: {moved}/{levels * per_level} delivered")
         await asyncio.sleep(0.01)
     elapsed = time.perf_counter() - t0
     delivered = sum(d - s for d, s in zip(done, start, strict=True))
     if delivered < levels * per_level:
         raise RuntimeError(f"{mode}: only {delivered} of {levels * per_level} delivered in 600 s")
     rate = delivered / elapsed
-    _progress(f"{mode}: {delivered} messages in {elapsed:.2f} s = {rate:,.0f} msgs/s")
+    progress(f"{mode}: {delivered} messages in {elapsed:.2f} s = {rate:,.0f} msgs/s")
     return {"messages": delivered, "seconds": round(elapsed, 3), "messages_per_s": round(rate)}
 
 
@@ -116,7 +111,7 @@ async def _lateness_phase(
     tick_s = 0.02
     per_tick = max(1, round(rate * tick_s))
     ticks = int(duration / tick_s)
-    _progress(f"steady: {rate} msgs/s for {duration} s over {levels} levels")
+    progress(f"steady: {rate} msgs/s for {duration} s over {levels} levels")
     t0 = time.monotonic()
     sends = []
     for k in range(ticks):
@@ -129,7 +124,7 @@ async def _lateness_phase(
     for answer in await asyncio.gather(*sends):
         for r in answer["results"]:
             due[r["msg_id"]] = r["deliver_ms"]
-    _progress(f"steady: {len(due)} sent; collecting deliveries")
+    progress(f"steady: {len(due)} sent; collecting deliveries")
     seen: dict[str, list[int]] = {}
     offsets = [0] * QUEUES
     deadline = time.monotonic() + levels + 60
@@ -192,7 +187,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         cluster.start()
         cluster.wait_leader(60)
-        _progress(f"cluster of {args.nodes} up; levels {settings['message_delay_level']}")
+        progress(f"cluster of {args.nodes} up; levels {settings['message_delay_level']}")
         asyncio.run(go())
     finally:
         cluster.stop()
@@ -221,8 +216,7 @@ def main(args: argparse.Namespace) -> int:
             ("lost", result["lost"]),
             ("duplicated", result["duplicated"]),
         ]
-    print_rows(rows)
-    write_json(result, args.out)
+    print_figures(rows, result, args.out)
     failed = result.get("lost") or result.get("duplicated") or result.get("early")
     return 1 if failed else 0
 

@@ -37,15 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from chronomq.cluster.launcher import LocalCluster, parse_sets
-from chronomq.cluster.output import print_rows, write_json
 from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
+from chronomq.ops.benchutil import cpu_sample, figure_rows, node_cpu_s, print_figures, progress
 from chronomq.ops.stats import percentile
 
 TOPIC = "bench-timer"
-
-
-def _progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def _now_ms() -> int:
@@ -72,17 +68,6 @@ def peak_rss_bytes(pid: int) -> int | None:
     except OSError:
         return None
     return None
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time a process has used so far (Linux ``/proc/<pid>/stat``)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        import os
-
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def reset_peak_rss(pid: int) -> bool:
@@ -179,7 +164,7 @@ async def _precision(
         if pending:
             await asyncio.gather(*pending)
         last_due = max(due.values(), default=_now_ms())
-        _progress(
+        progress(
             f"precision: {len(due)} produced; waiting for the last one due at +{(last_due - _now_ms()) / 1000:.0f} s"
         )
         deadline = time.monotonic() + max(0, last_due - _now_ms()) / 1000 + 30
@@ -255,7 +240,7 @@ async def _burst(cluster: LocalCluster, leader: int, n: int, producers: int) -> 
         async def report() -> None:
             while True:
                 await asyncio.sleep(10)
-                _progress(f"burst: {min(sent, n)}/{n} sent, {time.monotonic() - t0:.0f} s")
+                progress(f"burst: {min(sent, n)}/{n} sent, {time.monotonic() - t0:.0f} s")
 
         reporter = asyncio.create_task(report())
         try:
@@ -263,7 +248,7 @@ async def _burst(cluster: LocalCluster, leader: int, n: int, producers: int) -> 
         finally:
             reporter.cancel()
         produce_s = time.monotonic() - t0
-        _progress(
+        progress(
             f"burst: {n} produced in {produce_s:.1f} s ({n / produce_s:.0f}/s); waiting for the wheel"
         )
         deadline = time.monotonic() + 600
@@ -276,7 +261,7 @@ async def _burst(cluster: LocalCluster, leader: int, n: int, producers: int) -> 
         if wait_s > 0:
             await asyncio.sleep(wait_s)
         pids = {i: p.pid for i, p in cluster.procs.items()}
-        cpu_before = {i: cpu_seconds(pid) for i, pid in pids.items()}
+        cpu_before = cpu_sample(pids)
         produce_peaks = {i: peak_rss_bytes(pid) for i, pid in pids.items()}
         drain_peaks_known = all([reset_peak_rss(pid) for pid in pids.values()])
         term_before = (await client.node(url))["term"]
@@ -290,7 +275,7 @@ async def _burst(cluster: LocalCluster, leader: int, n: int, producers: int) -> 
                 break
             await asyncio.sleep(0.05)
         drain_s = time.monotonic() - resumed
-        cpu_after = {i: cpu_seconds(pid) for i, pid in pids.items()}
+        cpu_after = cpu_sample(pids)
         drain_peaks = {
             i: peak_rss_bytes(pid) if drain_peaks_known else None for i, pid in pids.items()
         }
@@ -304,9 +289,9 @@ async def _burst(cluster: LocalCluster, leader: int, n: int, producers: int) -> 
             return f"node{i}" + (f"({', '.join(roles)})" if roles else "")
 
         drain_cpu = {
-            name(i): round(after - before_cpu, 2)
-            for i in pids
-            if (before_cpu := cpu_before[i]) is not None and (after := cpu_after[i]) is not None
+            name(i): round(spent, 2)
+            for i, spent in node_cpu_s(cpu_before, cpu_after).items()
+            if spent is not None
         }
         peaks = {i: max(produce_peaks[i] or 0, drain_peaks[i] or 0) or None for i in pids}
         return {
@@ -372,11 +357,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cluster.start()
         leader = cluster.wait_leader(60)
         _check_ours(cluster, leader, started)
-        _progress(f"cluster of {args.nodes} up, leader node {leader}")
+        progress(f"cluster of {args.nodes} up, leader node {leader}")
         if args.rate:
-            _progress(
-                f"precision: {args.rate}/s for {args.duration} s, due within {args.horizon} s"
-            )
+            progress(f"precision: {args.rate}/s for {args.duration} s, due within {args.horizon} s")
             result.update(
                 asyncio.run(_precision(cluster, leader, args.rate, args.duration, args.horizon))
             )
@@ -429,11 +412,7 @@ def main(args: argparse.Namespace) -> int:
         broken = any(result.get(k) for k in ("early", "lost", "duplicated"))
         if broken:
             data.keep()
-    rows = [(k, result[k]) for k in _ROWS if k in result]
-    if result["settings"]:
-        rows.append(("settings", " ".join(f"{k}={v}" for k, v in result["settings"].items())))
-    print_rows(rows)
-    write_json(result, args.out)
+    print_figures(figure_rows(result, _ROWS, with_settings=True), result, args.out)
     return 1 if broken else 0
 
 

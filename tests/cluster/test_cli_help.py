@@ -58,6 +58,7 @@ def test_the_tree_covers_every_command() -> None:
         "bench schedule",
         "bench timer",
         "bench grpc",
+        "bench models",
         "config",
         "api",
         "drill",
