@@ -40,7 +40,16 @@ from typing import Any
 
 from chronomq.cluster.launcher import LocalCluster, parse_sets
 from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
-from chronomq.ops.benchutil import cpu_figures, cpu_sample, figure_rows, print_figures, progress
+from chronomq.ops.benchutil import (
+    cpu_figures,
+    cpu_sample,
+    figure_rows,
+    non_negative,
+    port_base,
+    positive,
+    print_figures,
+    progress,
+)
 from chronomq.ops.stats import percentile
 
 TOPIC = "bench_grpc"
@@ -460,36 +469,49 @@ def register(subparsers: Any) -> None:
         "--nodes", type=int, choices=[1, 3, 5], default=3, help="cluster size (default 3)"
     )
     p.add_argument(
-        "--messages", type=int, default=3_000, help="messages of each send phase (default 3000)"
+        "--messages",
+        type=positive,
+        default=3_000,
+        help="messages of each send phase (default 3000)",
     )
-    p.add_argument("--body-bytes", type=int, default=256, help="body size (default 256)")
+    p.add_argument("--body-bytes", type=positive, default=256, help="body size (default 256)")
     p.add_argument(
-        "--threads", type=int, default=8, help="threads of sync sends, and HTTP requests in flight"
+        "--threads",
+        type=positive,
+        default=8,
+        help="threads of sync sends, and HTTP requests in flight",
     )
-    p.add_argument("--inflight", type=int, default=64, help="async sends outstanding (default 64)")
-    p.add_argument("--consumers", type=int, default=4, help="SimpleConsumers (default 4)")
-    p.add_argument("--batch", type=int, default=32, help="max messages per receive (default 32)")
     p.add_argument(
-        "--ack-inflight", type=int, default=32, help="acks outstanding per consumer (default 32)"
+        "--inflight", type=positive, default=64, help="async sends outstanding (default 64)"
     )
-    p.add_argument("--invisible-s", type=int, default=60, help="invisible time of a receive")
+    p.add_argument("--consumers", type=positive, default=4, help="SimpleConsumers (default 4)")
     p.add_argument(
-        "--await-s", type=int, default=2, help="long poll of an empty receive (default 2)"
+        "--batch", type=positive, default=32, help="max messages per receive (default 32)"
+    )
+    p.add_argument(
+        "--ack-inflight",
+        type=positive,
+        default=32,
+        help="acks outstanding per consumer (default 32)",
+    )
+    p.add_argument("--invisible-s", type=positive, default=60, help="invisible time of a receive")
+    p.add_argument(
+        "--await-s", type=non_negative, default=2, help="long poll of an empty receive (default 2)"
     )
     p.add_argument(
         "--http-messages",
-        type=int,
+        type=non_negative,
         default=2_000,
         help="single-message sends over HTTP for comparison (0: skip; default 2000)",
     )
     p.add_argument(
-        "--http-port", type=int, default=28280, help="node i serves HTTP on this port + i"
+        "--http-port", type=port_base, default=28280, help="node i serves HTTP on this port + i"
     )
     p.add_argument(
-        "--grpc-port", type=int, default=None, help="node i serves gRPC on this port + i "
+        "--grpc-port", type=port_base, default=None, help="node i serves gRPC on this port + i "
         "(default HTTP port + 100)"
     )  # fmt: skip
-    p.add_argument("--raft-port", type=int, default=29280, help="node i uses Raft port + i")
+    p.add_argument("--raft-port", type=port_base, default=29280, help="node i uses Raft port + i")
     add_data_dir_argument(p)
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config key for every node")
     p.add_argument("--out", help="write the figures as JSON here")

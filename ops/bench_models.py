@@ -26,7 +26,7 @@ import orjson
 
 from chronomq.cluster import models
 from chronomq.cluster.broker import Broker
-from chronomq.ops.benchutil import print_figures, progress
+from chronomq.ops.benchutil import positive, print_figures, progress
 
 
 def produce_body(messages: int) -> bytes:
@@ -114,10 +114,10 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--messages", type=int, default=512, help="messages in the produce body (default 512)"
+        "--messages", type=positive, default=512, help="messages in the produce body (default 512)"
     )
     p.add_argument(
-        "--rounds", type=int, default=300, help="parses per timing, best of 5 (default 300)"
+        "--rounds", type=positive, default=300, help="parses per timing, best of 5 (default 300)"
     )
     p.add_argument("--out", help="write the figures as JSON here")
     p.set_defaults(func=main)

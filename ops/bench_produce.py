@@ -23,7 +23,14 @@ from typing import Any
 from chronomq.cluster import fdbudget
 from chronomq.cluster.launcher import LocalCluster, parse_sets
 from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
-from chronomq.ops.benchutil import figure_rows, print_figures, progress
+from chronomq.ops.benchutil import (
+    figure_rows,
+    non_negative,
+    port_base,
+    positive,
+    print_figures,
+    progress,
+)
 from chronomq.ops.stats import percentile
 
 FOLLOWER_SETTINGS = {"raft_min_timeout_ms": 1500, "raft_max_timeout_ms": 3000}
@@ -254,26 +261,31 @@ def register(subparsers: Any) -> None:
         "--nodes", type=int, choices=[1, 3, 5], default=3, help="cluster size (default 3)"
     )
     p.add_argument(
-        "--messages", type=int, default=200_000, help="messages of the as-fast-as-possible phase"
+        "--messages",
+        type=positive,
+        default=200_000,
+        help="messages of the as-fast-as-possible phase",
     )
-    p.add_argument("--body-bytes", type=int, default=256, help="body size (default 256)")
+    p.add_argument("--body-bytes", type=positive, default=256, help="body size (default 256)")
     p.add_argument(
         "--topics",
-        type=int,
+        type=positive,
         default=1,
         help="spread the messages over this many topics (bench-0 ..), each of "
         "default_topic_queues queues, one request after another (default 1: topic bench)",
     )
-    p.add_argument("--producers", type=int, default=64, help="concurrent producers (default 64)")
+    p.add_argument(
+        "--producers", type=positive, default=64, help="concurrent producers (default 64)"
+    )
     p.add_argument(
         "--batch",
-        type=int,
+        type=positive,
         default=16,
         help="messages per append call (per HTTP request with --http)",
     )
     p.add_argument(
         "--rate",
-        type=int,
+        type=non_negative,
         default=0,
         help="then send a steady rate (msgs/s) to measure commit latency",
     )
@@ -282,9 +294,9 @@ def register(subparsers: Any) -> None:
         "--http", action="store_true", help="produce over HTTP to the leader instead of in-process"
     )
     p.add_argument(
-        "--http-port", type=int, default=28080, help="node i serves HTTP on this port + i"
+        "--http-port", type=port_base, default=28080, help="node i serves HTTP on this port + i"
     )
-    p.add_argument("--raft-port", type=int, default=29080, help="node i uses Raft port + i")
+    p.add_argument("--raft-port", type=port_base, default=29080, help="node i uses Raft port + i")
     add_data_dir_argument(p)
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config key for every node")
     p.add_argument("--out", help="write the figures as JSON here")

@@ -24,7 +24,7 @@ from typing import Any
 from chronomq.cluster.client import Client
 from chronomq.cluster.launcher import LocalCluster, parse_sets
 from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
-from chronomq.ops.benchutil import print_figures, progress
+from chronomq.ops.benchutil import non_negative, port_base, positive, print_figures, progress
 from chronomq.ops.stats import percentile
 
 TOPIC = "bench-delayed"
@@ -236,30 +236,42 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--nodes", type=int, choices=[1, 3, 5], default=3, help="cluster size (default 3)"
     )
-    p.add_argument("--levels", type=int, default=4, help="levels 1s 2s ... Ns (default 4)")
+    p.add_argument("--levels", type=positive, default=4, help="levels 1s 2s ... Ns (default 4)")
     p.add_argument(
         "--messages-per-level",
         dest="messages_per_level",
-        type=int,
+        type=positive,
         default=10_000,
         help="messages pre-loaded on each level for the drain (default 10000)",
     )
     p.add_argument(
-        "--body-bytes", dest="body_bytes", type=int, default=256, help="body size (default 256)"
+        "--body-bytes",
+        dest="body_bytes",
+        type=positive,
+        default=256,
+        help="body size (default 256)",
     )
-    p.add_argument("--rate", type=int, default=0, help="steady msgs/s for the lateness phase")
-    p.add_argument("--duration", type=int, default=30, help="seconds of the lateness phase")
+    p.add_argument(
+        "--rate", type=non_negative, default=0, help="steady msgs/s for the lateness phase"
+    )
+    p.add_argument(
+        "--duration", type=non_negative, default=30, help="seconds of the lateness phase"
+    )
     p.add_argument("--out", help="write the figures as JSON here")
     add_data_dir_argument(p)
     p.add_argument(
         "--http-port",
         dest="http_port",
-        type=int,
+        type=port_base,
         default=18080,
         help="node i serves HTTP on this port + i",
     )
     p.add_argument(
-        "--raft-port", dest="raft_port", type=int, default=19080, help="node i uses Raft port + i"
+        "--raft-port",
+        dest="raft_port",
+        type=port_base,
+        default=19080,
+        help="node i uses Raft port + i",
     )
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="extra node config")
     p.set_defaults(func=main)

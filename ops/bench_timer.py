@@ -38,7 +38,16 @@ from typing import Any
 
 from chronomq.cluster.launcher import LocalCluster, parse_sets
 from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
-from chronomq.ops.benchutil import cpu_sample, figure_rows, node_cpu_s, print_figures, progress
+from chronomq.ops.benchutil import (
+    cpu_sample,
+    figure_rows,
+    node_cpu_s,
+    non_negative,
+    port_base,
+    positive,
+    print_figures,
+    progress,
+)
 from chronomq.ops.stats import percentile
 
 TOPIC = "bench-timer"
@@ -430,17 +439,21 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--nodes", type=int, choices=[1, 3, 5], default=3, help="cluster size (default 3)"
     )
-    p.add_argument("--rate", type=int, default=2000, help="messages per second (0: skip)")
+    p.add_argument("--rate", type=non_negative, default=2000, help="messages per second (0: skip)")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of producing")
     p.add_argument(
         "--horizon", type=float, default=60.0, help="messages fall due within this many seconds"
     )
-    p.add_argument("--burst", type=int, default=0, help="messages due in one second (0: skip)")
-    p.add_argument("--producers", type=int, default=8, help="concurrent producers of the burst")
     p.add_argument(
-        "--http-port", type=int, default=28180, help="node i serves HTTP on this port + i"
+        "--burst", type=non_negative, default=0, help="messages due in one second (0: skip)"
     )
-    p.add_argument("--raft-port", type=int, default=29180, help="node i uses Raft port + i")
+    p.add_argument(
+        "--producers", type=positive, default=8, help="concurrent producers of the burst"
+    )
+    p.add_argument(
+        "--http-port", type=port_base, default=28180, help="node i serves HTTP on this port + i"
+    )
+    p.add_argument("--raft-port", type=port_base, default=29180, help="node i uses Raft port + i")
     add_data_dir_argument(p)
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config key for every node")
     p.add_argument("--out", help="write the figures as JSON here")

@@ -8,6 +8,7 @@ CPU is read from Linux's ``/proc``: a node process's user + system time from
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -17,6 +18,33 @@ from pathlib import Path
 from typing import Any
 
 from chronomq.cluster.output import print_rows, write_json
+
+
+def _whole(text: str, low: int, high: int | None = None) -> int:
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < low or (high is not None and value > high):
+        raise argparse.ArgumentTypeError(
+            f"must be at least {low}" if high is None else f"must be within {low}..{high}"
+        )
+    return value
+
+
+def positive(text: str) -> int:
+    """An ``argparse`` type: a whole number of at least 1 (counts, sizes, seconds)."""
+    return _whole(text, 1)
+
+
+def non_negative(text: str) -> int:
+    """An ``argparse`` type: a whole number of at least 0 (0 switches a phase off)."""
+    return _whole(text, 0)
+
+
+def port_base(text: str) -> int:
+    """An ``argparse`` type: a TCP port the nodes' ports start from."""
+    return _whole(text, 1, 65_000)
 
 
 def progress(msg: str) -> None:

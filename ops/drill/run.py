@@ -446,7 +446,12 @@ def _power_table(result: dict[str, Any]) -> None:
             if gone_window is not None
             else ""
         )
-        + "; the rest of the lost are in the log but no consumer read them"
+        + (
+            f"; the other {summary['lost'] - summary.get('gone', 0)} lost are in the log, "
+            "but no consumer read them"
+            if summary["lost"] > summary.get("gone", 0)
+            else ""
+        )
     )
     window = summary["lost_acked_ms_before_cut_max"]
     print(
