@@ -27,9 +27,10 @@ taken them), and ``lost_acked_ms_before``, how long before the start the newest 
 them were acknowledged (what a power cut's loss window is measured by). ``lost_after_faults``
 counts the lost ones acknowledged after the last fault began. ``gone`` and
 ``gone_acked_ms_before`` are the same for the lost messages the final read found no more in
-the log (what the storage lost, as against what consumers missed), each given to the first
-fault that began after it was acknowledged: a power cut cannot take what was acknowledged
-after it.
+the log (what the storage lost, as against what consumers missed), each given to the fault
+that cut every node while it was acknowledged (its kills take a moment after its start: the
+age is then negative), else to the first fault that began after it: a minority's cut cannot
+take what the others acknowledged while it lasted.
 
 Reported only: ``recovered`` (a produce that failed or whose outcome was unknown, delivered
 anyway, which is allowed: "unknown" means exactly that), with pop consumption ``redelivered``
@@ -281,7 +282,7 @@ def check(
     }
     result.lost_after_faults = _lost_per_fault(faults, ends, lost_messages)
     if final is not None:
-        _gone_per_fault(faults, [m for m in lost_messages if m.token not in final])
+        _gone_per_fault(faults, ends, [m for m in lost_messages if m.token not in final])
     marks = recovery_marks(faults, disruptions)
     result.rto_s, result.produce_rto_s = _recovery(marks, messages, produce_oks)
     result.leaderless_s = _leaderless(disruptions)
@@ -295,11 +296,7 @@ def _lost_per_fault(
     messages were acknowledged (the first fault to end after the acknowledgement); return how
     many were acknowledged after the last fault ended."""
     starts = [int(f["t_ms"]) for f in faults]
-    # Each start's end: the first end of the same fault after it (none: it never ended).
-    until = []
-    for f, start in zip(faults, starts, strict=True):
-        name = str(f.get("fault"))
-        until.append(min((t for n, t in ends if n == name and t >= start), default=2**62))
+    until = _ends(faults, starts, ends)
     ages: dict[int, list[int]] = defaultdict(list)
     after = 0
     for m in lost:
@@ -316,14 +313,32 @@ def _lost_per_fault(
     return after
 
 
-def _gone_per_fault(faults: list[dict[str, Any]], gone: list[_Message]) -> None:
-    """Add ``gone`` (and the ack ages) to the first fault that began after each message
-    gone from the log was acknowledged."""
+def _ends(
+    faults: list[dict[str, Any]], starts: list[int], ends: list[tuple[str, int]]
+) -> list[int]:
+    """Each start's end: the first end of the same fault after it (none: it never ended)."""
+    until = []
+    for f, start in zip(faults, starts, strict=True):
+        name = str(f.get("fault"))
+        until.append(min((t for n, t in ends if n == name and t >= start), default=2**62))
+    return until
+
+
+def _gone_per_fault(
+    faults: list[dict[str, Any]], ends: list[tuple[str, int]], gone: list[_Message]
+) -> None:
+    """Add ``gone`` (and the ack ages) to the fault that took each message gone from the
+    log: one cutting every node while it was acknowledged (the kills take a moment after the
+    start), else the first fault that began after it."""
     starts = [int(f["t_ms"]) for f in faults]
+    until = _ends(faults, starts, ends)
     ages: dict[int, list[int]] = defaultdict(list)
     for m in gone:
         ok_ms = m.ok_ms if m.ok_ms is not None else 0
         at = bisect.bisect_left(starts, ok_ms)
+        during = at - 1
+        if during >= 0 and faults[during].get("scope") == "all" and ok_ms <= until[during]:
+            at = during
         if at < len(starts):
             ages[at].append(starts[at] - ok_ms)
     for i, f in enumerate(faults):

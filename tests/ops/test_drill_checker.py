@@ -358,3 +358,17 @@ def test_messages_gone_from_the_log_are_charged_to_the_next_cut_and_rewinds_coun
     assert minority["lost"] == 1 and minority["gone"] == 0
     assert minority["gone_acked_ms_before"] is None
     assert everyone["gone"] == 2 and everyone["gone_acked_ms_before"] == {"min": 95, "max": 2495}
+
+
+def test_a_message_acknowledged_while_every_node_is_being_cut_is_charged_to_that_cut() -> None:
+    h = [
+        _fault("start", "power-cut", 1000, scope="all", nodes=[0, 1, 2]),
+        *produce("as-they-died", 1050, kind="plain"),
+        _fault("end", "power-cut", 3000, scope="all", nodes=[0, 1, 2]),
+        _fault("start", "power-cut", 9000, scope="leader", nodes=[1]),
+        _fault("end", "power-cut", 9500, scope="leader", nodes=[1]),
+        {"op": "final", "type": "ok", "t_ms": 12000, "queue": 0, "tokens": []},
+    ]
+    everyone, leader = check(h).faults
+    assert everyone["gone"] == 1 and everyone["gone_acked_ms_before"] == {"min": -55, "max": -55}
+    assert leader["gone"] == 0
