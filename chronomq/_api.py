@@ -13,7 +13,7 @@ from chronomq._wire import path, query
 
 @dataclass(frozen=True, slots=True)
 class Req:
-    """One API request: a transport's ``call(**req.kwargs())`` sends it."""
+    """One API request: a transport's ``call(req)`` sends it."""
 
     method: str
     target: str
@@ -21,16 +21,6 @@ class Req:
     headers: Mapping[str, str] = field(default_factory=dict)
     write: bool = False
     wait_ms: int = 0
-
-    def kwargs(self) -> dict[str, Any]:
-        return {
-            "method": self.method,
-            "target": self.target,
-            "json": self.json,
-            "headers": self.headers,
-            "write": self.write,
-            "wait_ms": self.wait_ms,
-        }
 
 
 def new_idempotency_key() -> str:

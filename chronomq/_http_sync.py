@@ -16,24 +16,16 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-import orjson
-
-from chronomq._wire import USER_AGENT, Attempts, Done, Nodes, Wait, parse_urls
+from chronomq._api import Req
+from chronomq._policy import Outgoing, RequestPolicy, client_ssl_context
+from chronomq._wire import Done, Wait
 from chronomq.errors import UnavailableError
 
 MAX_IDLE_PER_NODE = 8
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
-
-
-def client_ssl_context(ca_file: str | None) -> ssl.SSLContext:
-    """A verifying context: ``ca_file`` alone when given, else the system's store."""
-    ctx = ssl.create_default_context(cafile=ca_file or None)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    return ctx
 
 
 class ConnectionPool:
@@ -71,16 +63,9 @@ class ConnectionPool:
                 return
         conn.close()
 
-    def request(
-        self,
-        base: str,
-        method: str,
-        target: str,
-        body: bytes | None,
-        headers: Mapping[str, str],
-        timeout_s: float,
-    ) -> tuple[int, http.client.HTTPMessage, bytes]:
+    def request(self, base: str, out: Outgoing) -> tuple[int, http.client.HTTPMessage, bytes]:
         prefix = urlsplit(base).path
+        timeout_s = out.timeout_s
         conn = self._take(base)
         reused = conn is not None
         while True:
@@ -95,7 +80,9 @@ class ConnectionPool:
             with self._lock:
                 self._busy.add(conn)
             try:
-                conn.request(method, prefix + target, body=body, headers=dict(headers))
+                conn.request(
+                    out.method, prefix + out.target, body=out.body, headers=dict(out.headers)
+                )
                 r = conn.getresponse()
                 raw = r.read()
             except _STALE:
@@ -135,53 +122,22 @@ class ConnectionPool:
 
 
 class SyncTransport:
-    """JSON requests to the cluster with failover and retries (see :class:`Attempts`)."""
+    """JSON requests to the cluster with failover and retries (see
+    :class:`chronomq._policy.RequestPolicy`); this class only sends and sleeps."""
 
-    def __init__(
-        self,
-        urls: str | Sequence[str],
-        *,
-        token: str | None = None,
-        ca_file: str | None = None,
-        deadline_s: float = 30.0,
-        request_timeout_s: float = 15.0,
-    ) -> None:
-        self.nodes = Nodes(parse_urls(urls))
-        self.deadline_s = deadline_s
-        self.request_timeout_s = request_timeout_s
-        self._headers = {"User-Agent": USER_AGENT, "Content-Type": "application/json"}
-        if token:
-            self._headers["Authorization"] = f"Bearer {token}"
-        needs_tls = any(u.startswith("https://") for u in self.nodes.urls)
-        self._pool = ConnectionPool(client_ssl_context(ca_file) if needs_tls else None)
+    def __init__(self, policy: RequestPolicy) -> None:
+        self.policy = policy
+        self._pool = ConnectionPool(policy.ssl_context())
         self._closed = False
 
-    def call(
-        self,
-        method: str,
-        target: str,
-        *,
-        json: Any = None,
-        headers: Mapping[str, str] | None = None,
-        write: bool = False,
-        wait_ms: int = 0,
-        deadline_s: float | None = None,
-    ) -> Any:
-        """Send until answered or the deadline passes; the decoded JSON answer.
-        ``target`` is an encoded path and query (see :func:`chronomq._wire.path`)."""
-        body = orjson.dumps(json) if json is not None else None
-        hdrs = {**self._headers, **(headers or {})}
-        timeout_s = self.request_timeout_s + wait_ms / 1000
-        start = time.monotonic()
-        attempts = Attempts(
-            self.nodes, write, start + (self.deadline_s if deadline_s is None else deadline_s)
-        )
+    def call(self, req: Req, deadline_s: float | None = None) -> Any:
+        """Send until answered or the deadline passes; the decoded JSON answer."""
+        out = self.policy.prepare(req)
+        attempts = self.policy.attempts(req, time.monotonic(), deadline_s)
         while True:
             base = attempts.target()
             try:
-                status, answer_headers, raw = self._pool.request(
-                    base, method, target, body, hdrs, timeout_s
-                )
+                status, answer_headers, raw = self._pool.request(base, out)
             except (OSError, http.client.HTTPException) as exc:
                 if self._closed:
                     raise UnavailableError("the client is closed") from exc

@@ -19,6 +19,7 @@ from chronomq._batch import Batcher
 from chronomq._consume import ConsumerState, FetchStart, Pulled, QueueCursor, Start
 from chronomq._http_sync import SyncTransport
 from chronomq._model import CancelResult, MessageData, SendResult, message_fields, produce_message
+from chronomq._policy import RequestPolicy
 from chronomq.errors import ChronomqError, RequestError
 
 log = logging.getLogger("chronomq")
@@ -46,11 +47,13 @@ class Producer:
         request_timeout_s: float = 15.0,
     ) -> None:
         self._t = SyncTransport(
-            urls,
-            token=token,
-            ca_file=ca_file,
-            deadline_s=deadline_s,
-            request_timeout_s=request_timeout_s,
+            RequestPolicy(
+                urls,
+                token=token,
+                ca_file=ca_file,
+                deadline_s=deadline_s,
+                request_timeout_s=request_timeout_s,
+            )
         )
         self._batcher: Batcher[Future[SendResult]] = Batcher(
             max_batch, linger_ms / 1000, max_pending
@@ -134,7 +137,7 @@ class Producer:
         """Cancel a timer message (``delay_ms``/``deliver_at_ms``) by the ``msg_id`` its send
         returned: ``cancelled`` means it will never be delivered."""
         req = _api.cancel_timer(msg_id)
-        return _api.cancel_result(msg_id, self._t.call(**req.kwargs()))
+        return _api.cancel_result(msg_id, self._t.call(req))
 
     def close(self, timeout_s: float | None = 30.0) -> None:
         """Send what is pending (for at most ``timeout_s``), then stop."""
@@ -176,7 +179,7 @@ class Producer:
     ) -> None:
         req = _api.produce(topic, [m for m, _ in batch], _api.new_idempotency_key())
         try:
-            results = _api.send_results(self._t.call(**req.kwargs()))
+            results = _api.send_results(self._t.call(req))
         except BaseException as exc:
             for _, fut in batch:
                 fut.set_exception(exc)
@@ -240,11 +243,13 @@ class Consumer:
         request_timeout_s: float = 15.0,
     ) -> None:
         self._t = SyncTransport(
-            urls,
-            token=token,
-            ca_file=ca_file,
-            deadline_s=deadline_s,
-            request_timeout_s=request_timeout_s,
+            RequestPolicy(
+                urls,
+                token=token,
+                ca_file=ca_file,
+                deadline_s=deadline_s,
+                request_timeout_s=request_timeout_s,
+            )
         )
         self.group = group
         self._state = ConsumerState(
@@ -335,7 +340,7 @@ class Consumer:
         state = self._state
         for topic in state.topics:
             try:
-                described = self._t.call(**_api.describe_topic(topic).kwargs())
+                described = self._t.call(_api.describe_topic(topic))
             except RequestError as exc:
                 if exc.status != 404:
                     raise
@@ -343,7 +348,7 @@ class Consumer:
             offsets: list[dict[str, Any]] = []
             if described is not None:
                 req = _api.group_offsets(self.group, topic)
-                offsets = self._t.call(**req.kwargs())["offsets"]
+                offsets = self._t.call(req)["offsets"]
             for start in state.plan(topic, described, offsets):
                 self._start_fetcher(start)
         state.refreshed(time.monotonic())
@@ -363,7 +368,7 @@ class Consumer:
         while not self._closed.is_set():
             got: Pulled | None
             try:
-                answer = self._t.call(**cursor.request().kwargs())
+                answer = self._t.call(cursor.request())
             except RequestError as exc:
                 if exc.status == 404:  # this node has not applied the topic yet
                     self._closed.wait(0.2)
@@ -396,12 +401,12 @@ class Consumer:
     def _commit(self) -> None:
         state = self._state
         for (topic, queue), offset in state.to_commit().items():
-            self._t.call(**_api.commit_offset(self.group, topic, queue, offset).kwargs())
+            self._t.call(_api.commit_offset(self.group, topic, queue, offset))
             state.commit_done((topic, queue), offset)
 
     def _send_back(self, message: Message, delay_level: int) -> str:
         req = _api.send_back(self.group, message.topic, message.queue, message.offset, delay_level)
-        answer = self._t.call(**req.kwargs())
+        answer = self._t.call(req)
         self._state.finish(message, message._epoch)
         self._state.refresh_soon(time.monotonic())
         return str(answer.get("target", "retry"))

@@ -24,6 +24,7 @@ from chronomq._batch import Batcher
 from chronomq._consume import ConsumerState, FetchStart, Pulled, QueueCursor, Start
 from chronomq._http_aio import AioTransport
 from chronomq._model import CancelResult, MessageData, SendResult, message_fields, produce_message
+from chronomq._policy import RequestPolicy
 from chronomq.errors import ChronomqError, RequestError
 
 __all__ = ["Consumer", "Message", "Producer"]
@@ -49,11 +50,13 @@ class Producer:
         request_timeout_s: float = 15.0,
     ) -> None:
         self._t = AioTransport(
-            urls,
-            token=token,
-            ca_file=ca_file,
-            deadline_s=deadline_s,
-            request_timeout_s=request_timeout_s,
+            RequestPolicy(
+                urls,
+                token=token,
+                ca_file=ca_file,
+                deadline_s=deadline_s,
+                request_timeout_s=request_timeout_s,
+            )
         )
         self._batcher: Batcher[asyncio.Future[SendResult]] = Batcher(
             max_batch, linger_ms / 1000, max_pending
@@ -126,7 +129,7 @@ class Producer:
     async def cancel(self, msg_id: str) -> CancelResult:
         """Cancel a timer message by the ``msg_id`` its send returned."""
         req = _api.cancel_timer(msg_id)
-        return _api.cancel_result(msg_id, await self._t.call(**req.kwargs()))
+        return _api.cancel_result(msg_id, await self._t.call(req))
 
     async def close(self) -> None:
         """Send what is pending, then stop."""
@@ -170,7 +173,7 @@ class Producer:
     ) -> None:
         req = _api.produce(topic, [m for m, _ in batch], _api.new_idempotency_key())
         try:
-            results = _api.send_results(await self._t.call(**req.kwargs()))
+            results = _api.send_results(await self._t.call(req))
         except Exception as exc:
             for _, fut in batch:
                 if not fut.done():
@@ -220,11 +223,13 @@ class Consumer:
         request_timeout_s: float = 15.0,
     ) -> None:
         self._t = AioTransport(
-            urls,
-            token=token,
-            ca_file=ca_file,
-            deadline_s=deadline_s,
-            request_timeout_s=request_timeout_s,
+            RequestPolicy(
+                urls,
+                token=token,
+                ca_file=ca_file,
+                deadline_s=deadline_s,
+                request_timeout_s=request_timeout_s,
+            )
         )
         self.group = group
         self._state = ConsumerState(
@@ -315,7 +320,7 @@ class Consumer:
         state = self._state
         for topic in state.topics:
             try:
-                described = await self._t.call(**_api.describe_topic(topic).kwargs())
+                described = await self._t.call(_api.describe_topic(topic))
             except RequestError as exc:
                 if exc.status != 404:
                     raise
@@ -323,7 +328,7 @@ class Consumer:
             offsets: list[dict[str, Any]] = []
             if described is not None:
                 req = _api.group_offsets(self.group, topic)
-                offsets = (await self._t.call(**req.kwargs()))["offsets"]
+                offsets = (await self._t.call(req))["offsets"]
             for start in state.plan(topic, described, offsets):
                 self._tasks.append(
                     asyncio.create_task(
@@ -338,7 +343,7 @@ class Consumer:
         while not self._closed:
             got: Pulled | None
             try:
-                answer = await self._t.call(**cursor.request().kwargs())
+                answer = await self._t.call(cursor.request())
             except RequestError as exc:
                 if exc.status == 404:  # this node has not applied the topic yet
                     await asyncio.sleep(0.2)
@@ -365,12 +370,12 @@ class Consumer:
     async def _commit(self) -> None:
         state = self._state
         for (topic, queue), offset in state.to_commit().items():
-            await self._t.call(**_api.commit_offset(self.group, topic, queue, offset).kwargs())
+            await self._t.call(_api.commit_offset(self.group, topic, queue, offset))
             state.commit_done((topic, queue), offset)
 
     async def _send_back(self, message: Message, delay_level: int) -> str:
         req = _api.send_back(self.group, message.topic, message.queue, message.offset, delay_level)
-        answer = await self._t.call(**req.kwargs())
+        answer = await self._t.call(req)
         self._state.finish(message, message._epoch)
         self._state.refresh_soon(time.monotonic())
         return str(answer.get("target", "retry"))

@@ -23,10 +23,11 @@ LEVELS = "1s 2s 3s"
 def committed(urls: list[str], group: str, topic: str) -> dict[int, int]:
     from chronomq import _api
     from chronomq._http_sync import SyncTransport
+    from chronomq._policy import RequestPolicy
 
-    t = SyncTransport(urls)
+    t = SyncTransport(RequestPolicy(urls))
     try:
-        answer = t.call(**_api.group_offsets(group, topic).kwargs())
+        answer = t.call(_api.group_offsets(group, topic))
         return {int(o["queue"]): int(o["offset"]) for o in answer["offsets"]}
     finally:
         t.close()
@@ -35,10 +36,11 @@ def committed(urls: list[str], group: str, topic: str) -> dict[int, int]:
 def max_offsets(urls: list[str], topic: str) -> dict[int, int]:
     from chronomq import _api
     from chronomq._http_sync import SyncTransport
+    from chronomq._policy import RequestPolicy
 
-    t = SyncTransport(urls)
+    t = SyncTransport(RequestPolicy(urls))
     try:
-        answer = t.call(**_api.describe_topic(topic).kwargs())
+        answer = t.call(_api.describe_topic(topic))
         return {int(q["queue"]): int(q["max_offset"]) for q in answer["queues"]}
     finally:
         t.close()
@@ -55,12 +57,14 @@ def consume(consumer: chronomq.Consumer, count: int, timeout_s: float) -> list[c
 
 
 def create_topic(urls: list[str], topic: str, queues: int) -> None:
+    from chronomq._api import Req
     from chronomq._http_sync import SyncTransport
+    from chronomq._policy import RequestPolicy
     from chronomq._wire import path
 
-    t = SyncTransport(urls)
+    t = SyncTransport(RequestPolicy(urls))
     try:
-        t.call("PUT", path("v1", "topics", topic), json={"queues": queues}, write=True)
+        t.call(Req("PUT", path("v1", "topics", topic), {"queues": queues}, write=True))
     finally:
         t.close()
 

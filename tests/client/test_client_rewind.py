@@ -39,11 +39,13 @@ def produce(urls: list[str], tag: str, n: int) -> list[str]:
 
 def pull_waiters(url: str) -> int:
     """Long-polls waiting on the node now (0 while it does not answer)."""
+    from chronomq._api import Req
     from chronomq._http_sync import SyncTransport
+    from chronomq._policy import RequestPolicy
 
-    t = SyncTransport([url], deadline_s=2)
+    t = SyncTransport(RequestPolicy([url], deadline_s=2))
     try:
-        return int(t.call("GET", "/v1/admin/node")["pull_waiters"])
+        return int(t.call(Req("GET", "/v1/admin/node"))["pull_waiters"])
     except chronomq.ChronomqError:
         return 0
     finally:

@@ -20,6 +20,7 @@ from chronomq._consume import ConsumerState, FetchStart
 from chronomq._http_aio import AioTransport
 from chronomq._http_sync import SyncTransport
 from chronomq._model import MessageData
+from chronomq._policy import RequestPolicy
 from chronomq._wire import Attempts, Nodes, Wait, path, query, retry_after_s
 from chronomq.cluster.client import Client
 
@@ -58,13 +59,13 @@ async def test_every_client_sends_the_retry_topic_of_group_default_as_is(
     url = str(server.make_url("")).rstrip("/")
     topic = "%RETRY%default"
 
-    sync = SyncTransport([url])
-    await asyncio.to_thread(sync.call, **_api.pull(topic, 0, 0, 1, 0).kwargs())
-    await asyncio.to_thread(sync.call, **_api.group_offsets("default", topic).kwargs())
+    sync = SyncTransport(RequestPolicy([url]))
+    await asyncio.to_thread(sync.call, _api.pull(topic, 0, 0, 1, 0))
+    await asyncio.to_thread(sync.call, _api.group_offsets("default", topic))
     sync.close()
-    aio = AioTransport([url])
-    await aio.call(**_api.pull(topic, 0, 0, 1, 0).kwargs())
-    await aio.call(**_api.group_offsets("default", topic).kwargs())
+    aio = AioTransport(RequestPolicy([url]))
+    await aio.call(_api.pull(topic, 0, 0, 1, 0))
+    await aio.call(_api.group_offsets("default", topic))
     await aio.close()
     async with Client([url]) as old:
         await old.pull(topic, 0, 0)
@@ -72,6 +73,36 @@ async def test_every_client_sends_the_retry_topic_of_group_default_as_is(
     assert [p[0] for p in paths] == [topic] * 3
     assert all(p[1].startswith("/v1/topics/%25RETRY%25default/queues/0/") for p in paths)
     assert queries == [topic] * 3
+
+
+async def test_every_client_sends_the_same_headers_and_body(aiohttp_server: MakeServer) -> None:
+    """The token, the user agent, the JSON body and a request's own headers reach the node
+    alike from the sync and the asyncio transport."""
+    seen: list[tuple[dict[str, str], bytes]] = []
+
+    async def produce(request: web.Request) -> web.Response:
+        seen.append((dict(request.headers), await request.read()))
+        return web.json_response(STORED)
+
+    app = web.Application()
+    app.router.add_post("/v1/topics/{topic}/messages", produce)
+    server = await aiohttp_server(app)
+    url = str(server.make_url(""))
+    req = _api.produce("t", [{"body": "x"}], "key-1")
+
+    sync = SyncTransport(RequestPolicy([url], token="s3cret"))
+    await asyncio.to_thread(sync.call, req)
+    sync.close()
+    aio = AioTransport(RequestPolicy([url], token="s3cret"))
+    await aio.call(req)
+    await aio.close()
+    assert len(seen) == 2
+    for headers, body in seen:
+        assert headers["Authorization"] == "Bearer s3cret"
+        assert headers["User-Agent"] == "chronomq-python"
+        assert headers["Content-Type"] == "application/json"
+        assert headers["Idempotency-Key"] == "key-1"
+        assert body == b'{"messages":[{"body":"x"}]}'
 
 
 def _flaky_node(
@@ -149,14 +180,14 @@ async def test_failover_to_the_next_node_and_to_the_leader_it_names(
     follower = await aiohttp_server(
         _flaky_node([(200, STORED, {"X-Chronomq-Leader": leader_url})], follower_log)
     )
-    t = SyncTransport([dead, str(follower.make_url(""))])
-    t.nodes._preferred = 0
+    t = SyncTransport(RequestPolicy([dead, str(follower.make_url(""))]))
+    t.policy.nodes._preferred = 0
     req = _api.produce("t", [{"body": "x"}], "key-1")
     for _ in range(3):
-        await asyncio.to_thread(t.call, **req.kwargs())
+        await asyncio.to_thread(t.call, req)
     t.close()
     assert len(follower_log) == 1 and len(leader_log) == 2  # then straight to the leader
-    assert t.nodes.leader == leader_url
+    assert t.policy.nodes.leader == leader_url
 
 
 async def test_a_request_error_is_final_and_names_the_field(aiohttp_server: MakeServer) -> None:
@@ -165,8 +196,8 @@ async def test_a_request_error_is_final_and_names_the_field(aiohttp_server: Make
     server = await aiohttp_server(_flaky_node([(400, bad, {})], log))
     with pytest.raises(chronomq.RequestError) as err:
         await asyncio.to_thread(
-            SyncTransport([str(server.make_url(""))]).call,
-            **_api.produce("t", [{"bodyx": 1}], "k").kwargs(),
+            SyncTransport(RequestPolicy([str(server.make_url(""))])).call,
+            _api.produce("t", [{"bodyx": 1}], "k"),
         )
     assert err.value.field == "messages[0].bodyx" and len(log) == 1
 
@@ -182,6 +213,27 @@ def test_attempts_honour_retry_after_with_a_fake_clock() -> None:
     assert retry_after_s("3600") == 60.0 and retry_after_s("soon") is None
     with pytest.raises(chronomq.ServerError):
         Attempts(nodes, True, deadline=11.0).answered("http://a", 429, headers.get, b"{}", 10.0)
+
+
+def test_request_policy_prepares_what_every_attempt_sends() -> None:
+    policy = RequestPolicy("http://a, http://b/", token="s3cret", deadline_s=4.0)
+    assert policy.nodes.urls == ["http://a", "http://b"] and policy.ssl_context() is None
+    req = _api.produce("t", [{"body": "x"}], "key-1")
+    out = policy.prepare(req)
+    assert (out.method, out.target) == ("POST", "/v1/topics/t/messages")
+    assert out.body == b'{"messages":[{"body":"x"}]}' and out.timeout_s == 15.0
+    assert out.headers == {
+        "User-Agent": "chronomq-python",
+        "Content-Type": "application/json",
+        "Authorization": "Bearer s3cret",
+        "Idempotency-Key": "key-1",
+    }
+    long_poll = RequestPolicy(["http://a"]).prepare(_api.pull("t", 0, 0, 32, 5000))
+    assert long_poll.body is None and long_poll.timeout_s == 20.0
+    assert "Authorization" not in long_poll.headers
+    assert policy.attempts(req, now=10.0).deadline == 14.0
+    assert policy.attempts(req, now=10.0, deadline_s=1.5).deadline == 11.5
+    assert RequestPolicy(["http://a", "https://b"]).ssl_context() is not None
 
 
 # ---------------------------------------------------------------------- cores
