@@ -9,7 +9,9 @@ Safety counts (any of them non-zero fails the drill):
   final read found but no consumer saw (written at offsets the consumers had passed: the log
   had shrunk under them, which a consumer's ``prev`` check now detects: ``rewinds`` counts the
   times a consumer was told and read again from where the log changed).
-- ``duplicated``: consumed at more than one position (topic, queue, offset). With pop
+- ``duplicated``: consumed at more than one position (topic, queue, offset);
+  ``duplicated_after_loss`` counts those of them read at a position the final read no longer
+  finds them at (a power cut took that copy, and a retry of the produce stored it again). With pop
   consumption (``delivery="pop"``, the gRPC workload's ``SimpleConsumer``) there are no
   positions: a message is duplicated when it was acked successfully more than once, each time
   on its own receive.
@@ -49,7 +51,7 @@ and the time they left the cluster without a leader (their ``leaderless_ms``) is
 from __future__ import annotations
 
 import bisect
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +85,7 @@ class CheckResult:
     lost_after_consumed: int = 0
     lost_unconsumed_in_log: int = 0
     rewinds: int = 0
+    duplicated_after_loss: int = 0
     examples: dict[str, list[str]] = field(default_factory=dict)
 
     @property
@@ -116,6 +119,7 @@ class CheckResult:
             "lost_after_consumed": self.lost_after_consumed,
             "lost_unconsumed_in_log": self.lost_unconsumed_in_log,
             "rewinds": self.rewinds,
+            "duplicated_after_loss": self.duplicated_after_loss,
             "examples": self.examples,
             "safe": self.safe,
         }
@@ -171,6 +175,7 @@ def check(
     invoke_at: dict[str, int] = {}
     unexpected: set[str] = set()
     final: set[str] | None = None
+    final_copies: Counter[str] = Counter()  # how many positions of the final read hold each
     ends: list[tuple[str, int]] = []
     rewinds = 0
 
@@ -216,6 +221,7 @@ def check(
             rewinds += 1
         elif op == "final":
             final = (final or set()) | {str(t) for t in rec.get("tokens", [])}
+            final_copies.update(str(t) for t in rec.get("tokens", []))
         elif op == "fault" and kind == "end":
             ends.append((str(rec.get("fault")), int(rec["t_ms"])))
         elif op == "fault" and kind == "disruption":
@@ -254,6 +260,11 @@ def check(
         if delivery == "pull" and len(positions) > 1:
             result.duplicated += 1
             examples["duplicated"].append(m.token)
+            if final is not None and final_copies[m.token] < len(positions):
+                # Read at a position that no longer holds it: that copy went with a power
+                # cut, and the producer's retry (its idempotency record gone too) stored it
+                # again.
+                result.duplicated_after_loss += 1
         if delivery == "pop":
             if m.acks_ok > 1:
                 result.duplicated += 1

@@ -387,6 +387,8 @@ def _table(result: dict[str, Any]) -> None:
         ("lateness p50/p99/max ms", "{p50} / {p99} / {max}".format(**result["lateness_ms"])),
         ("replicas converged", result.get("replicas_converged")),
     ]
+    if result.get("duplicated_after_loss"):
+        rows.append(("duplicated after a loss", result["duplicated_after_loss"]))
     if result.get("rewinds"):
         # Every node lost its newest entries (flush = async): consumers were told (prev).
         rows.append(("consumer rewinds", result["rewinds"]))

@@ -372,3 +372,17 @@ def test_a_message_acknowledged_while_every_node_is_being_cut_is_charged_to_that
     everyone, leader = check(h).faults
     assert everyone["gone"] == 1 and everyone["gone_acked_ms_before"] == {"min": -55, "max": -55}
     assert leader["gone"] == 0
+
+
+def test_a_duplicate_whose_first_copy_a_cut_took_is_told_apart() -> None:
+    h = [
+        *produce("a", 1000, kind="plain"),
+        *produce("b", 1000, kind="plain"),
+        consume("a", 1010, 1006, 0),
+        consume("b", 1010, 1006, 1),
+        consume("a", 5000, 4006, 1),  # stored again at offset 1 after a cut took offset 0
+        consume("b", 5000, 4006, 2),  # read twice while the log held it twice
+        {"op": "final", "type": "ok", "t_ms": 9000, "queue": 0, "tokens": ["a", "b", "b"]},
+    ]
+    r = check(h)
+    assert r.duplicated == 2 and r.duplicated_after_loss == 1
