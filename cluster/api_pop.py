@@ -360,6 +360,25 @@ async def change_invisible(
     return result
 
 
+async def change_invisible_many(
+    broker: Any, handles: Sequence[str], invisible_ms: int
+) -> list[ChangeResult]:
+    """On the leader: give each handle ``invisible_ms`` more, in commands of up to
+    MAX_ITEMS_PER_COMMAND (the node's own renewals of auto_renew receives: every handle is one
+    this cluster signed, and each keeps its own group)."""
+    pop = _service(broker)
+    _leader(broker)
+    futures = []
+    with _pop_errors():
+        for start in range(0, len(handles), MAX_ITEMS_PER_COMMAND):
+            chunk = handles[start : start + MAX_ITEMS_PER_COMMAND]
+            futures.append(pop.change_invisible_many(chunk, invisible_ms))
+    out: list[ChangeResult] = []
+    for part in await asyncio.gather(*(_settle(broker, f) for f in futures)):
+        out.extend(part)
+    return out
+
+
 async def forward_to_dlq(broker: Any, group: str, handle: str) -> ForwardResult:
     pop = _service(broker)
     _leader(broker)

@@ -593,6 +593,60 @@ KEYS: tuple[Key, ...] = (
         min=0,
         max=1000,
     ),
+    # Renewal of auto_renew receives over gRPC (RocketMQ's proxy: enableProxyAutoRenew,
+    # defaultInvisibleTimeMills, renewMaxTimeMillis).
+    Key(
+        "enable_proxy_auto_renew",
+        bool,
+        True,
+        "Renew the invisible time of messages received over gRPC with auto_renew (a push "
+        "consumer) until they are acked, changed, sent to the DLQ, their consumer goes away "
+        "or renew_max_time_ms passes. The node that served the receive renews them; off, "
+        "such a message is handed out again after default_invisible_time_ms.",
+    ),
+    Key(
+        "default_invisible_time_ms",
+        int,
+        60_000,
+        "Invisible time of a gRPC receive with auto_renew (whatever invisible duration it "
+        "names, as RocketMQ's proxy does), and what each renewal adds; a renewal happens "
+        "when less than a third of it is left.",
+        min=1_000,  # chronomq.cluster.pop.state.MIN_INVISIBLE_MS
+        max=12 * 3_600_000,  # chronomq.cluster.pop.state.MAX_INVISIBLE_MS
+    ),
+    Key(
+        "renew_max_time_ms",
+        int,
+        3 * 3_600_000,
+        "Longest a message received with auto_renew is kept invisible by renewals, counted "
+        "from its receive; then it is no longer renewed and comes back at the end of its "
+        "current invisible time.",
+        min=1_000,
+        max=7 * 24 * 3_600_000,
+    ),
+    Key(
+        "renew_max_tracked",
+        int,
+        10_000,
+        "Most auto_renew hand-outs one node renews at once (about 0.5 KB each). Past it the "
+        "oldest is no longer renewed (chronomq_grpc_auto_renew_stopped_total{reason="
+        '"dropped"}): it comes back at the end of its current invisible time, and an ack '
+        "with its first receipt handle after a renewal answers INVALID_RECEIPT_HANDLE.",
+        min=1,
+        max=1_000_000,
+    ),
+    Key(
+        "renew_max_per_second",
+        int,
+        300,
+        "Most renewals one node proposes per second (each changes a hand-out's invisible "
+        "time through Raft, up to 64 per command on the leader). Renewals due beyond it wait "
+        "(chronomq_grpc_auto_renew_deferred_total), most urgent first; to keep up it must be "
+        "at least renew_max_tracked / (2/3 x default_invisible_time_ms in s): 250 for the "
+        "defaults.",
+        min=1,
+        max=100_000,
+    ),
     # Timer service (RocketMQ 5.x, RIP-43).
     Key("timer_precision_ms", int, 100, "Timer wheel slot width.", min=10, max=1000),
     Key(

@@ -17,7 +17,9 @@ signing their handles.
   grows (:meth:`PopService.visible` says whether anything could be handed out now).
 * :meth:`PopService.ack` -> ``list[AckResult]`` (one command for up to
   :data:`~chronomq.cluster.pop.state.MAX_ITEMS_PER_COMMAND` handles).
-* :meth:`PopService.change_invisible` -> :class:`ChangeResult` with a new handle.
+* :meth:`PopService.change_invisible` -> :class:`ChangeResult` with a new handle;
+  :meth:`PopService.change_invisible_many` changes up to
+  :data:`~chronomq.cluster.pop.state.MAX_ITEMS_PER_COMMAND` in one command.
 * :meth:`PopService.forward_to_dlq` -> :class:`ForwardResult`.
 
 Revive driver: leader-only work ``pop-revive`` registered with the node's
@@ -380,19 +382,42 @@ class PopService:
         *,
         max_reconsume_times: int | None = None,
     ) -> Future[ChangeResult]:
-        h = self.codec.decode(receipt_handle)
+        fut = self.change_invisible_many(
+            [receipt_handle], invisible_ms, max_reconsume_times=max_reconsume_times
+        )
+        return _then(fut, lambda results: results[0])
+
+    def change_invisible_many(
+        self,
+        receipt_handles: Sequence[str],
+        invisible_ms: int,
+        *,
+        max_reconsume_times: int | None = None,
+    ) -> Future[list[ChangeResult]]:
+        """One ``chg`` command for up to :data:`MAX_ITEMS_PER_COMMAND` handles (of any
+        groups), each given ``invisible_ms`` from the command's propose time."""
+        if not 0 < len(receipt_handles) <= MAX_ITEMS_PER_COMMAND:
+            raise PopError(
+                "bad_request",
+                f"change 1..{MAX_ITEMS_PER_COMMAND} handles at a time",
+                "receipt_handles",
+            )
+        handles = [self.codec.decode(h) for h in receipt_handles]
         self._check_invisible(invisible_ms)
         mrt = self._mrt(max_reconsume_times)
-        item = [h.group, h.topic, h.queue, h.offset, h.pop_id, invisible_ms]
-        fut = self.raftlog.propose_extension(NAME, {"op": "chg", "items": [item], "mrt": mrt})
+        items = [[h.group, h.topic, h.queue, h.offset, h.pop_id, invisible_ms] for h in handles]
+        fut = self.raftlog.propose_extension(NAME, {"op": "chg", "items": items, "mrt": mrt})
 
-        def answer(res: ApplyResult) -> ChangeResult:
-            (a,) = self._answers(res)
-            if a.status is not AckStatus.ACKED or a.entry is None:
-                return ChangeResult(ChangeStatus.EXPIRED, None, None)
-            e = a.entry
-            new = Handle(h.group, h.topic, h.queue, h.offset, e.pop_id, e.attempt, e.until_ms)
-            return ChangeResult(ChangeStatus.CHANGED, self.codec.encode(new), e.until_ms)
+        def answer(res: ApplyResult) -> list[ChangeResult]:
+            out = []
+            for h, a in zip(handles, self._answers(res), strict=True):
+                if a.status is not AckStatus.ACKED or a.entry is None:
+                    out.append(ChangeResult(ChangeStatus.EXPIRED, None, None))
+                    continue
+                e = a.entry
+                new = Handle(h.group, h.topic, h.queue, h.offset, e.pop_id, e.attempt, e.until_ms)
+                out.append(ChangeResult(ChangeStatus.CHANGED, self.codec.encode(new), e.until_ms))
+            return out
 
         return _then(fut, answer)
 

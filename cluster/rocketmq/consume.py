@@ -7,11 +7,15 @@ and a receipt handle from before a failover still acks on the new leader.
 
 ``ReceiveMessage`` answers as the RocketMQ proxy does: a ``status`` first (``OK``, or
 ``MESSAGE_NOT_FOUND`` when the long poll ended empty), then one ``message`` per hand-out, then
-the ``delivery_timestamp``. A request without an invisible duration takes
-:data:`AUTO_RENEW_INVISIBLE_MS` when it asks for ``auto_renew`` (a push consumer, which then
-acks, or changes the invisible time to its back-off on failure), and is refused otherwise. The
-long poll is bounded by ``max_wait_ms`` and by the call's deadline, keeping
-:data:`DEADLINE_MARGIN_S` for the hand-out's commit.
+the ``delivery_timestamp``. A request with ``auto_renew`` (a push consumer, which then acks,
+or changes the invisible time to its back-off on failure) takes ``default_invisible_time_ms``
+(:data:`AUTO_RENEW_INVISIBLE_MS` by default) whatever invisible duration it names, as
+RocketMQ's proxy does, and this node renews it until the consumer is done with it
+(:mod:`chronomq.cluster.rocketmq.autorenew`; ``enable_proxy_auto_renew``); a request without
+``auto_renew`` must name its invisible duration. Ack, change and forward to the DLQ act on the
+newest handle of a renewed hand-out, whichever the client gives. The long poll is bounded by
+``max_wait_ms`` and by the call's deadline, keeping :data:`DEADLINE_MARGIN_S` for the
+hand-out's commit.
 
 A receive hands out from every queue of the topic, whichever queue of the route the client
 names (the RocketMQ proxy pops the same way), and ``QueryAssignment`` assigns the whole topic
@@ -25,9 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import time
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final
 
 import orjson
@@ -42,19 +47,28 @@ from chronomq.cluster.pop.handle import MAX_HANDLE_CHARS
 from chronomq.cluster.pop.machine import group_problem
 from chronomq.cluster.pop.state import MAX_INVISIBLE_MS, MAX_POP_MESSAGES, MIN_INVISIBLE_MS
 from chronomq.cluster.rocketmq import codes, convert
-from chronomq.cluster.rocketmq.rpc import ServicerBase, make_status, rpc
+from chronomq.cluster.rocketmq.autorenew import (
+    MAX_FORWARDS_IN_FLIGHT,
+    AutoRenewer,
+    RenewAnswer,
+    RenewStatus,
+)
+from chronomq.cluster.rocketmq.metrics import GrpcMetrics
+from chronomq.cluster.rocketmq.renew import StopReason, Tracked
+from chronomq.cluster.rocketmq.rpc import ServicerBase, client_id_of, make_status, rpc
 from chronomq.cluster.rocketmq.telemetry import DEFAULT_LONG_POLLING_MS
 from chronomq.raftlog import record
 from chronomq.timer.message import TIMER_OUT_MS
 
 AUTO_RENEW_INVISIBLE_MS: Final = 60_000
-"""Invisible time of a hand-out to a consumer that gave none but asked for ``auto_renew`` (the
-RocketMQ proxy's default)."""
+"""Invisible time of a hand-out to a consumer that asked for ``auto_renew``, unless
+``default_invisible_time_ms`` says otherwise (the RocketMQ proxy's default)."""
 DEADLINE_MARGIN_S: Final = 1.0
 """Time a receive keeps before the call's deadline for its hand-out to commit."""
 MAX_FILTER_CHARS: Final = 4096
 
 Code = pb.Code
+log = logging.getLogger(__name__)
 
 
 def duration_ms(d: duration_pb2.Duration) -> int:
@@ -129,17 +143,26 @@ def expired() -> pb.Status:
 
 
 def receive_args(
-    request: spb.ReceiveMessageRequest, max_wait_ms: int, remaining_s: float | None
+    request: spb.ReceiveMessageRequest,
+    max_wait_ms: int,
+    remaining_s: float | None,
+    *,
+    auto_renew_invisible_ms: int = AUTO_RENEW_INVISIBLE_MS,
+    server_renews: bool = False,
 ) -> ReceiveArgs:
-    """The request as our receive; an :class:`ApiError` names what is wrong."""
+    """The request as our receive; an :class:`ApiError` names what is wrong. With
+    ``server_renews`` an ``auto_renew`` request takes ``auto_renew_invisible_ms`` whatever it
+    names; otherwise only when it names none."""
     topic = request.message_queue.topic.name
     record.validate_topic(topic, "topic")
     if reserved.is_system_topic(topic):
         raise ApiError(400, "illegal_topic", f"{topic} is a system topic", "topic")
-    if request.HasField("invisible_duration"):
+    if request.auto_renew and server_renews:
+        invisible_ms = auto_renew_invisible_ms
+    elif request.HasField("invisible_duration"):
         invisible_ms = invisible_ms_of(request.invisible_duration)
     elif request.auto_renew:
-        invisible_ms = AUTO_RENEW_INVISIBLE_MS
+        invisible_ms = auto_renew_invisible_ms
     else:
         raise ApiError(
             400, "illegal_invisible_time", "invisible_duration is required", "invisible_duration"
@@ -222,8 +245,58 @@ def message_pb(m: dict[str, Any], endpoint_host: str = "") -> pb.Message:
     return out
 
 
+def _renew_answer(answer: dict[str, Any]) -> RenewAnswer:
+    handle = answer.get("receipt_handle")
+    until = answer.get("invisible_until_ms")
+    if answer.get("status") == "changed" and isinstance(handle, str) and isinstance(until, int):
+        return RenewAnswer(RenewStatus.CHANGED, handle, until)
+    if answer.get("status") == "expired":
+        return RenewAnswer(RenewStatus.EXPIRED)
+    return RenewAnswer(RenewStatus.ERROR)
+
+
+def _ack_stop(status: object) -> StopReason:
+    return StopReason.ACKED if status in ("acked", "already_acked") else StopReason.STALE
+
+
 class ConsumeRpcs(ServicerBase):
     """The pop-consumption RPCs of the servicer."""
+
+    def __init__(self, broker: Any, metrics: GrpcMetrics) -> None:
+        super().__init__(broker, metrics)
+        self._forward_gate = asyncio.Semaphore(MAX_FORWARDS_IN_FLIGHT)
+        if self._config.enable_proxy_auto_renew:
+            self.renewer = AutoRenewer.from_config(self._config, self._renew, metrics)
+
+    async def _renew(self, entries: Sequence[Tracked], invisible_ms: int) -> list[RenewAnswer]:
+        """The renewer's calls: one command per batch on the leader; from a follower each
+        handle forwarded to the leader's change route (a 4xx there refuses it for good). No
+        retry: an unknown outcome is tried again when next due."""
+        broker = self.broker
+        if broker.raftlog.is_leader:
+            results = await api_pop.change_invisible_many(
+                broker, [e.current for e in entries], invisible_ms
+            )
+            return [_renew_answer(api_pop.change_json(r)) for r in results]
+        leader = broker.leader_url()
+        if leader is None or leader == self._config.http_url:
+            raise ApiError(503, "no_leader", "no leader is known yet", None)
+        timeout_s = self._config.commit_timeout_ms / 1000 + 1
+
+        async def one(e: Tracked) -> RenewAnswer:
+            body = orjson.dumps({"receipt_handle": e.current, "invisible_ms": invisible_ms})
+            path = self._group_path(e.group, "invisible")
+            try:
+                async with self._forward_gate:
+                    answer = await self._forward("POST", leader, path, timeout_s, body)
+            except ApiError as exc:
+                if 400 <= exc.status < 500 and exc.status not in (408, 429):
+                    log.info("auto-renew refused by the leader: %s %s", exc.code, exc.message)
+                    return RenewAnswer(RenewStatus.EXPIRED)
+                return RenewAnswer(RenewStatus.ERROR)
+            return _renew_answer(answer)
+
+        return list(await asyncio.gather(*(one(e) for e in entries)))
 
     async def _pop_call(
         self, path: str, body: dict[str, Any], local: Any, budget_s: float
@@ -237,6 +310,16 @@ class ConsumeRpcs(ServicerBase):
         # and forwards of a handle already used answer from the replicated state.
         return await self._on_leader(local, remote, budget_s, True)
 
+    async def _hold(self, handles: Sequence[str], context: Any) -> list[str]:
+        """The handles to act on: the newest of renewed hand-outs (see :meth:`_release`)."""
+        if self.renewer is None:
+            return list(handles)
+        return await self.renewer.hold(handles, self._budget_s(context) / 2)
+
+    def _release(self, handles: Sequence[str], reasons: Sequence[StopReason | None]) -> None:
+        if self.renewer is not None:
+            self.renewer.release(handles, reasons)
+
     def _group_path(self, group: str, what: str) -> str:
         import urllib.parse
 
@@ -249,9 +332,17 @@ class ConsumeRpcs(ServicerBase):
             gone = self.broker.removed_error()
             if gone is not None:
                 raise gone
+            self._saw(context)
             group = check_group(request.group.name)
             remaining = context.time_remaining() if context is not None else None
-            args = receive_args(request, int(self._config.max_wait_ms), remaining)
+            renewer = self.renewer if request.auto_renew else None
+            args = receive_args(
+                request,
+                int(self._config.max_wait_ms),
+                remaining,
+                auto_renew_invisible_ms=int(self._config.default_invisible_time_ms),
+                server_renews=self.renewer is not None,
+            )
             broker = self.broker
 
             async def local() -> dict[str, Any]:
@@ -269,15 +360,14 @@ class ConsumeRpcs(ServicerBase):
             if not isinstance(messages, list):
                 raise ApiError(500, "internal", "the receive answer has no messages")
             out = [message_pb(m) for m in messages]
+            handed = [(str(m["receipt_handle"]), int(m["invisible_until_ms"])) for m in messages]
         except asyncio.CancelledError:
             self.metrics.observe(name, "CANCELLED", time.perf_counter() - t0)
             raise
         except Exception as exc:
             failure = codes.from_exception_or_none(exc)
             if failure is None:
-                import logging
-
-                logging.getLogger(__name__).exception("unexpected error in %s", name)
+                log.exception("unexpected error in %s", name)
                 failure = codes.internal()
             self.metrics.observe(name, failure.name, time.perf_counter() - t0)
             yield spb.ReceiveMessageResponse(status=make_status(failure))
@@ -300,6 +390,10 @@ class ConsumeRpcs(ServicerBase):
         for m in out:
             yield spb.ReceiveMessageResponse(message=m)
         yield spb.ReceiveMessageResponse(delivery_timestamp=timestamp_pb(now_ms))
+        # Written to the client: renew from now on (RocketMQ's proxy registers its handles
+        # once the answer is written; one the client never got comes back in time).
+        if renewer is not None:
+            renewer.track(group, args.topic, client_id_of(context), handed)
 
     @rpc(spb.AckMessageResponse)
     async def AckMessage(self, request: Any, context: Any) -> Any:
@@ -307,10 +401,11 @@ class ConsumeRpcs(ServicerBase):
         record.validate_topic(request.topic.name, "topic")
         if not 0 < len(request.entries) <= models.MAX_ACK_HANDLES:
             raise bad_request(f"ack 1..{models.MAX_ACK_HANDLES} entries at a time", "entries")
-        handles = [e.receipt_handle for e in request.entries]
-        for i, h in enumerate(handles):
+        originals = [e.receipt_handle for e in request.entries]
+        for i, h in enumerate(originals):
             check_handle(h, f"entries[{i}].receipt_handle")
         broker = self.broker
+        handles = await self._hold(originals, context)
 
         async def local() -> dict[str, Any]:
             results = await api_pop.ack(broker, group, handles)
@@ -320,15 +415,20 @@ class ConsumeRpcs(ServicerBase):
                 ]
             }
 
-        answer = await self._pop_call(
-            self._group_path(group, "ack"),
-            {"receipt_handles": handles},
-            local,
-            self._budget_s(context),
-        )
-        results = answer.get("results")
-        if not isinstance(results, list) or len(results) != len(handles):
-            raise ApiError(500, "internal", "the ack answer does not match the request")
+        try:
+            answer = await self._pop_call(
+                self._group_path(group, "ack"),
+                {"receipt_handles": handles},
+                local,
+                self._budget_s(context),
+            )
+            results = answer.get("results")
+            if not isinstance(results, list) or len(results) != len(handles):
+                raise ApiError(500, "internal", "the ack answer does not match the request")
+        except BaseException:
+            self._release(originals, [None] * len(originals))
+            raise
+        self._release(originals, [_ack_stop(r.get("status")) for r in results])
         entries = []
         failed = 0
         for e, r in zip(request.entries, results, strict=True):
@@ -357,19 +457,28 @@ class ConsumeRpcs(ServicerBase):
         handle = check_handle(request.receipt_handle)
         invisible_ms = invisible_ms_of(request.invisible_duration)
         broker = self.broker
+        original = handle
+        (handle,) = await self._hold([original], context)
 
         async def local() -> dict[str, Any]:
             return api_pop.change_json(
                 await api_pop.change_invisible(broker, group, handle, invisible_ms)
             )
 
-        answer = await self._pop_call(
-            self._group_path(group, "invisible"),
-            {"receipt_handle": handle, "invisible_ms": invisible_ms},
-            local,
-            self._budget_s(context),
-        )
-        if answer.get("status") != "changed" or not answer.get("receipt_handle"):
+        try:
+            answer = await self._pop_call(
+                self._group_path(group, "invisible"),
+                {"receipt_handle": handle, "invisible_ms": invisible_ms},
+                local,
+                self._budget_s(context),
+            )
+        except BaseException:
+            self._release([original], [None])
+            raise
+        changed = answer.get("status") == "changed" and bool(answer.get("receipt_handle"))
+        # The client holds the new handle from now on and manages its time itself.
+        self._release([original], [StopReason.CHANGED if changed else StopReason.STALE])
+        if not changed:
             return spb.ChangeInvisibleDurationResponse(status=expired())
         return spb.ChangeInvisibleDurationResponse(
             status=make_status(), receipt_handle=str(answer["receipt_handle"])
@@ -381,17 +490,25 @@ class ConsumeRpcs(ServicerBase):
         record.validate_topic(request.topic.name, "topic")
         handle = check_handle(request.receipt_handle)
         broker = self.broker
+        original = handle
+        (handle,) = await self._hold([original], context)
 
         async def local() -> dict[str, Any]:
             result = await api_pop.forward_to_dlq(broker, group, handle)
             return {"status": result.status.value}
 
-        answer = await self._pop_call(
-            self._group_path(group, "dlq"),
-            {"receipt_handle": handle},
-            local,
-            self._budget_s(context),
-        )
-        if answer.get("status") != "forwarded":
+        try:
+            answer = await self._pop_call(
+                self._group_path(group, "dlq"),
+                {"receipt_handle": handle},
+                local,
+                self._budget_s(context),
+            )
+        except BaseException:
+            self._release([original], [None])
+            raise
+        forwarded = answer.get("status") == "forwarded"
+        self._release([original], [StopReason.DLQ if forwarded else StopReason.STALE])
+        if not forwarded:
             return spb.ForwardMessageToDeadLetterQueueResponse(status=expired())
         return spb.ForwardMessageToDeadLetterQueueResponse(status=make_status())

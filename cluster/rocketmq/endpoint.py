@@ -11,6 +11,9 @@ client pings at most every :data:`MIN_CLIENT_PING_MS`. The port is never shared
 With ``tls_cert_file`` and ``tls_key_file`` the endpoint speaks TLS only (the HTTP API's
 certificate); with ``auth_token`` every call needs it (:mod:`chronomq.cluster.rocketmq.credentials`),
 else the call fails with gRPC's ``UNAUTHENTICATED`` before its handler runs.
+
+The renewal of ``auto_renew`` receives (:mod:`chronomq.cluster.rocketmq.autorenew`) starts
+with the server and stops before it.
 """
 
 from __future__ import annotations
@@ -157,9 +160,13 @@ class GrpcEndpoint:
         await server.start()
         self._server = server
         self.port = port
+        if self.service.renewer is not None:
+            self.service.renewer.start()
 
     async def stop(self) -> None:
         self.service.stopping.set()
+        if self.service.renewer is not None:
+            await self.service.renewer.stop()
         if self._server is not None:
             await self._server.stop(STOP_GRACE_S)
             self._server = None

@@ -8,12 +8,21 @@
   hand-outs and acks served by this node;
 - ``chronomq_grpc_messages_pulled_total``: messages this node answered offset pulls
   (``PullMessage``) with;
+- renewal of ``auto_renew`` receives (:mod:`chronomq.cluster.rocketmq.renew`):
+  ``chronomq_grpc_auto_renew_tracked`` (hand-outs this node renews now),
+  ``chronomq_grpc_auto_renew_renewals_total`` (invisible times renewed),
+  ``chronomq_grpc_auto_renew_failures_total{reason}`` (``stale``: refused, the hand-out was
+  over; ``error``: not answered, tried again when next due),
+  ``chronomq_grpc_auto_renew_stopped_total{reason}`` (why tracking ended: ``acked``,
+  ``changed``, ``dlq``, ``stale``, ``client_gone``, ``max_time``, ``dropped`` at
+  ``renew_max_tracked``) and ``chronomq_grpc_auto_renew_deferred_total`` (renewals due but
+  held back by ``renew_max_per_second``);
 - messages produced over gRPC also count in ``chronomq_messages_produced``, like HTTP's.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -52,6 +61,34 @@ class GrpcMetrics:
         self.pulled = Counter(
             "chronomq_grpc_messages_pulled",
             "Messages pulled by offset over gRPC (PullMessage)",
+            registry=registry,
+        )
+
+        self.renew_tracked = Gauge(
+            "chronomq_grpc_auto_renew_tracked",
+            "Messages received with auto_renew whose invisible time this node renews",
+            registry=registry,
+        )
+        self.renewals = Counter(
+            "chronomq_grpc_auto_renew_renewals",
+            "Invisible times of auto_renew receives renewed by this node",
+            registry=registry,
+        )
+        self.renew_failures = Counter(
+            "chronomq_grpc_auto_renew_failures",
+            "Renewals that did not renew: stale (the hand-out was over) or error (unanswered)",
+            ["reason"],
+            registry=registry,
+        )
+        self.renew_stopped = Counter(
+            "chronomq_grpc_auto_renew_stopped",
+            "Auto_renew receives this node stopped renewing, by reason",
+            ["reason"],
+            registry=registry,
+        )
+        self.renew_deferred = Counter(
+            "chronomq_grpc_auto_renew_deferred",
+            "Renewals due but held back by renew_max_per_second",
             registry=registry,
         )
 

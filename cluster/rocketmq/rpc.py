@@ -21,7 +21,9 @@ from chronomq.cluster import reserved
 from chronomq.cluster.broker import Broker
 from chronomq.cluster.errors import ApiError, from_exception
 from chronomq.cluster.rocketmq import codes, routes
+from chronomq.cluster.rocketmq.autorenew import AutoRenewer
 from chronomq.cluster.rocketmq.metrics import GrpcMetrics
+from chronomq.cluster.rocketmq.renew import client_id_problem
 from chronomq.raftlog import record
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,22 @@ _RETRY_WITH_KEY: Final = frozenset(
 )
 """Errors after which a write may have been stored: retried only under an idempotency key."""
 FORWARDED_HEADER: Final = "X-Chronomq-Forwarded"
+CLIENT_ID_METADATA: Final = "x-mq-client-id"
+"""The metadata key naming the calling client (every official client sends it)."""
+
+
+def client_id_of(context: Any) -> str | None:
+    """The call's client id, or None when it names none (or one too long to be real)."""
+    if context is None:
+        return None
+    try:
+        metadata = context.invocation_metadata() or ()
+    except Exception:  # a test's stand-in context, or a call already over
+        return None
+    for key, value in metadata:
+        if key == CLIENT_ID_METADATA:
+            return value if client_id_problem(value) is None else None
+    return None
 
 
 def make_status(failure: codes.Failure | None = None) -> pb.Status:
@@ -61,6 +79,7 @@ def rpc(
                 gone = self.broker.removed_error()
                 if gone is not None:
                     raise gone
+                self._saw(context)
                 answer = await handler(self, request, context)
             except asyncio.CancelledError:
                 self.metrics.observe(name, "CANCELLED", time.perf_counter() - t0)
@@ -87,8 +106,15 @@ class ServicerBase:
         self.broker = broker
         self.metrics = metrics
         self.stopping = asyncio.Event()
+        self.renewer: AutoRenewer | None = None
+        """Renews auto_renew receives (:mod:`chronomq.cluster.rocketmq.consume` sets it)."""
 
     # ------------------------------------------------------------------ helpers
+
+    def _saw(self, context: Any) -> None:
+        """The calling client is alive (its auto_renew hand-outs go on being renewed)."""
+        if self.renewer is not None:
+            self.renewer.saw(client_id_of(context))
 
     @property
     def _config(self) -> Any:

@@ -12,7 +12,9 @@ Pop consumption (``ReceiveMessage``, ``AckMessage``, ``ChangeInvisibleDuration``
 ``ForwardMessageToDeadLetterQueue``) is :mod:`chronomq.cluster.rocketmq.consume`; the offset RPCs
 (``PullMessage``, ``UpdateOffset``, ``GetOffset``, ``QueryOffset``) are
 :mod:`chronomq.cluster.rocketmq.offsets`; transactions and lite subscriptions answer ``UNSUPPORTED``.
-The ``message_id`` a consumer sees is the stored ``UNIQ_KEY`` property
+Every call naming a client id (``x-mq-client-id``: heartbeats, telemetry, receives...) tells
+the auto-renewer that client is alive; ``NotifyClientTermination`` ends the renewal of what it
+received. The ``message_id`` a consumer sees is the stored ``UNIQ_KEY`` property
 (:data:`convert.UNIQ_KEY`), else our ``msg_id``, so it matches the producer's receipt.
 """
 
@@ -34,7 +36,7 @@ from chronomq.cluster.idempotency import FIELD as IDEMPOTENCY_HEADER
 from chronomq.cluster.rocketmq import convert, routes, telemetry
 from chronomq.cluster.rocketmq.consume import ConsumeRpcs
 from chronomq.cluster.rocketmq.offsets import OffsetRpcs
-from chronomq.cluster.rocketmq.rpc import ServicerBase, make_status, rpc
+from chronomq.cluster.rocketmq.rpc import ServicerBase, client_id_of, make_status, rpc
 from chronomq.raftlog import record
 
 MAX_TELEMETRY_COMMANDS: Final = 10_000
@@ -65,6 +67,8 @@ class MessagingService(ConsumeRpcs, OffsetRpcs, ServicerBase, spb_grpc.Messaging
 
     @rpc(spb.NotifyClientTerminationResponse)
     async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
+        if self.renewer is not None:  # what it received is no longer renewed
+            self.renewer.client_gone(client_id_of(context))
         return spb.NotifyClientTerminationResponse(status=make_status())
 
     async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
@@ -79,6 +83,7 @@ class MessagingService(ConsumeRpcs, OffsetRpcs, ServicerBase, spb_grpc.Messaging
                 if seen > MAX_TELEMETRY_COMMANDS:
                     code = "TOO_MANY_REQUESTS"
                     break
+                self._saw(context)
                 if command.HasField("settings"):
                     settings = telemetry.server_settings(self._config, command.settings)
                     yield spb.TelemetryCommand(status=make_status(), settings=settings)

@@ -160,6 +160,34 @@ def test_change_invisible_and_forward_to_dlq(make: Any) -> None:
     pg.check_replicas()
 
 
+def test_renewals_change_many_hand_outs_in_one_command(make: Any) -> None:
+    """What a node's auto-renewer proposes: every handle given more time in one ``chg``,
+    each answered for itself; the newest handle acks, the first one no longer does."""
+    pg = make()
+    pg.produce("orders", 3)
+    a, b, c = pg.receive(3)
+    assert pg.done(pg.pop.ack([c.receipt_handle]))[0].status is AckStatus.ACKED
+    renewed = pg.done(
+        pg.pop.change_invisible_many([a.receipt_handle, b.receipt_handle, c.receipt_handle], INV)
+    )
+    assert [r.status for r in renewed] == [
+        ChangeStatus.CHANGED,
+        ChangeStatus.CHANGED,
+        ChangeStatus.EXPIRED,  # acked already: the hand-out is over
+    ]
+    new_a, new_b = renewed[0].receipt_handle, renewed[1].receipt_handle
+    assert new_a is not None and new_b is not None and new_a != a.receipt_handle
+    # One command: both got its Raft index as their new pop id.
+    assert pg.pop.decode(new_a).pop_id == pg.pop.decode(new_b).pop_id
+    assert renewed[0].invisible_until_ms is not None
+    assert renewed[0].invisible_until_ms >= a.invisible_until_ms
+    assert pg.done(pg.pop.ack([a.receipt_handle]))[0].status is AckStatus.EXPIRED
+    assert pg.done(pg.pop.ack([new_a]))[0].status is AckStatus.ACKED
+    with pytest.raises(PopError):
+        pg.pop.change_invisible_many([], INV)
+    pg.check_replicas()
+
+
 def test_after_max_reconsume_times_the_message_goes_to_the_dlq(make: Any) -> None:
     pg = make(mrt=2)
     pg.produce("orders", 1, queues=1)

@@ -2,8 +2,10 @@
 a ``SimpleConsumer`` receives and acks normal and timer messages (none early, recalled ones
 never), an unacked message comes back after its invisible time with the next delivery attempt;
 a ``PushConsumer`` whose listener fails a message sees it again, then finds it in the group's
-DLQ after ``max_reconsume_times``; and the same consumption goes on across a SIGKILL of the
-leader with nothing lost and nothing acked handed out again. Every wait has a deadline."""
+DLQ after ``max_reconsume_times``; a ``PushConsumer`` whose listener holds a message for
+several invisible times has it renewed by the server and gets it once; and the same
+consumption goes on across a SIGKILL of the leader with nothing lost and nothing acked handed
+out again. Every wait has a deadline."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from rocketmq import (
     ClientConfiguration,
     ConsumeResult,
@@ -326,4 +329,128 @@ async def test_consumption_goes_on_across_a_leader_kill(make_cluster: Any) -> No
     finally:
         stop.set()
         await asyncio.to_thread(consumer.shutdown)
+        await asyncio.to_thread(producer.shutdown)
+
+
+async def scrape_sum(cluster: LocalCluster, sample: str, **labels: str) -> float:
+    """``sample`` (with ``labels``) summed over every node's ``/metrics``."""
+    total = 0.0
+    async with aiohttp.ClientSession() as s:
+        for url in cluster.urls:
+            async with s.get(f"{url}/metrics") as r:
+                assert r.status == 200, await r.text()
+                text = await r.text()
+            for family in text_string_to_metric_families(text):
+                for smp in family.samples:
+                    if smp.name == sample and all(
+                        smp.labels.get(k) == v for k, v in labels.items()
+                    ):
+                        total += smp.value
+    return total
+
+
+class Holding(MessageListener):
+    """Holds ``slow`` until ``release`` is set (within a deadline), acks everything."""
+
+    def __init__(
+        self,
+        name: str,
+        seen: list[tuple[str, bytes, int, int]],
+        lock: threading.Lock,
+        release: threading.Event,
+    ) -> None:
+        self.name = name
+        self.seen = seen
+        self.lock = lock
+        self.release = release
+
+    def consume(self, message: Any) -> ConsumeResult:
+        with self.lock:
+            self.seen.append(
+                (self.name, bytes(message.body), int(message.delivery_attempt), now_ms())
+            )
+        if message.body == b"slow" and not self.release.wait(120):
+            return ConsumeResult.FAILURE
+        return ConsumeResult.SUCCESS
+
+
+async def test_push_consumer_holding_a_message_past_its_invisible_time_gets_it_once(
+    make_cluster: Any,
+) -> None:
+    """The node that served an auto_renew receive renews the message while the listener
+    holds it for several invisible times: no other consumer of the group (nor this one) is
+    handed it meanwhile, and the listener's ack with the handle it received acks it."""
+    invisible_ms = 3_000
+    cluster = make_cluster(3, **SETTINGS, default_invisible_time_ms=invisible_ms)
+    cluster.wait_all_know_leader(60)
+    topic, group = "slow-jobs", "workers"
+    producer = Producer(config(cluster), (topic,))
+    await asyncio.to_thread(producer.startup)
+    lock = threading.Lock()
+    seen: list[tuple[str, bytes, int, int]] = []
+    release = threading.Event()
+    consumers = [
+        PushConsumer(
+            config(cluster),
+            group,
+            Holding(name, seen, lock, release),
+            {topic: FilterExpression()},
+        )
+        for name in ("a", "b")
+    ]
+    bodies = [b"slow", b"quick-1", b"quick-2", b"quick-3"]
+
+    def deliveries(body: bytes) -> list[int]:
+        with lock:
+            return [attempt for _n, b, attempt, _ms in seen if b == body]
+
+    try:
+        for body in bodies:
+            await asyncio.to_thread(producer.send, message(topic, body))
+        for c in consumers:
+            await asyncio.to_thread(c.startup)
+
+        async def slow_received() -> bool:
+            return bool(deliveries(b"slow"))
+
+        await wait_for(slow_received, 60, "the slow message received", cluster)
+        with lock:
+            got_ms = next(ms for _n, b, _a, ms in seen if b == b"slow")
+
+        # Three renewals: the listener has held it for more than twice its invisible time.
+        async def renewed_thrice() -> bool:
+            return await scrape_sum(cluster, "chronomq_grpc_auto_renew_renewals_total") >= 3
+
+        await wait_for(renewed_thrice, 60, "three renewals", cluster)
+        assert now_ms() - got_ms > 2 * invisible_ms
+        assert deliveries(b"slow") == [1], "handed out again while the listener held it"
+        release.set()
+
+        async def all_acked() -> bool:
+            acked = await scrape_sum(cluster, "chronomq_grpc_messages_acked_total")
+            tracked = await scrape_sum(cluster, "chronomq_grpc_auto_renew_tracked")
+            inflight = await scrape_sum(cluster, "chronomq_pop_held_messages", state="inflight")
+            return acked >= len(bodies) and tracked == 0 and inflight == 0
+
+        await wait_for(all_acked, 60, "every message acked and nothing held", cluster)
+        # Acked with the handle the listener received, after renewals changed it: the
+        # message is no longer in flight on any replica, so it cannot come back.
+        for body in bodies:
+            assert deliveries(body) == [1], (body, deliveries(body))
+        assert await scrape_sum(cluster, "chronomq_grpc_messages_acked_total") == len(bodies)
+        stopped = await scrape_sum(
+            cluster, "chronomq_grpc_auto_renew_stopped_total", reason="acked"
+        )
+        assert stopped == len(bodies)
+        assert (
+            await scrape_sum(cluster, "chronomq_grpc_auto_renew_failures_total", reason="stale")
+            == 0
+        )
+    except BaseException:
+        print(dump_logs(cluster))
+        raise
+    finally:
+        release.set()
+        for c in consumers:
+            await asyncio.to_thread(c.shutdown)
         await asyncio.to_thread(producer.shutdown)
