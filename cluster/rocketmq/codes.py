@@ -41,6 +41,9 @@ BY_ERROR: Final[dict[str, int]] = {
     "illegal_filter_expression": Code.ILLEGAL_FILTER_EXPRESSION,
     "illegal_polling_time": Code.ILLEGAL_POLLING_TIME,
     "illegal_offset": Code.ILLEGAL_OFFSET,
+    # A pull past a log that lost its newest entries (prev no longer there): read again
+    # from an earlier offset, as for an offset the queue no longer has.
+    "offset_diverged": Code.ILLEGAL_OFFSET,
     "invalid_receipt_handle": Code.INVALID_RECEIPT_HANDLE,
     "illegal_message_id": Code.ILLEGAL_MESSAGE_ID,
     "idempotency_key_reused": Code.ILLEGAL_MESSAGE_ID,
