@@ -797,7 +797,38 @@ class ReplicatedLog(SyncObj):
         assert isinstance(raft, dict)
         cluster = [TCPNode(n) for n in raft["cluster"]]
         log.info("restored snapshot at index %s, CommitLog %s bytes", snap["index"], snap["length"])
-        return decode_entry(raft["s"]), decode_entry(raft["s1"]), cluster
+        last, before = decode_entry(raft["s"]), decode_entry(raft["s1"])
+        if starting:
+            self._drop_covered_entries(before, last)
+        return last, before, cluster
+
+    def _drop_covered_entries(
+        self, before: tuple[bytes, int, int], last: tuple[bytes, int, int]
+    ) -> None:
+        """Let the journal begin with the snapshot's last two entries when it holds them.
+
+        pysyncobj keeps the journal at start only if its first two entries are the snapshot's
+        last two, and otherwise clears it. A node stopped after its snapshot was in place but
+        before the journal was compacted (the next tick does that) would lose every entry it
+        held after the snapshot, and when every node stopped in that window at once (they
+        snapshot at the same index), committed ones: the entries the snapshot covers are
+        dropped here first, as the compaction would have."""
+        journal = self._journal
+        if journal is None or len(journal) < 2:
+            return
+        k = before[1] - journal[0][1]
+        if k <= 0 or k + 1 >= len(journal):
+            return
+        if tuple(journal[k]) != before or tuple(journal[k + 1]) != last:
+            return
+        log.info(
+            "the Raft journal still held %d entries that the snapshot at index %d covers (the "
+            "node stopped before compacting it): dropping them, keeping the %d after it",
+            k,
+            last[1],
+            len(journal) - k - 2,
+        )
+        journal.deleteEntriesTo(k)
 
     def _keep_applied(self, path: str, snap: dict[str, Any]) -> tuple[Any, Any, Any] | None:
         """Keep what this follower applied past a snapshot it is sent; None to restore it.

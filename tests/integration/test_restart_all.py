@@ -30,7 +30,7 @@ import pytest
 
 from chronomq.cluster.client import Client, ClientError
 from chronomq.cluster.launcher import LocalCluster
-from chronomq.raftlog.journal import TORN_GROUPS, read_file
+from chronomq.raftlog.journal import TORN_GROUPS, encode_record, header, read_file
 from chronomq.raftlog.store import Store
 from tests.integration.conftest import dump_logs, free_port_base, wait_for
 
@@ -256,6 +256,76 @@ def test_every_node_killed_at_once_comes_back_and_delivers_everything(make_clust
     )
     for i in range(3):
         assert "no peer could send TimerLog" not in node_log(cluster, i)
+
+
+def _uncompact(journal: Path) -> int:
+    """Make ``journal`` what a node leaves when it stops after writing a snapshot but before
+    compacting its journal: two more entries the snapshot covers in front. Returns how many
+    entries follow the snapshot's last one."""
+    got = read_file(str(journal))
+    assert got is not None and len(got.entries) >= 2
+    cmd, idx, term = got.entries[0]  # the entry before the snapshot's last one
+    covered = [(cmd, idx - 2, term), (cmd, idx - 1, term)]
+    data = header() + b"".join(encode_record(c, i, t) for c, i, t in covered + got.entries)
+    tmp = journal.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, journal)
+    return len(got.entries) - 2
+
+
+def test_entries_after_a_snapshot_survive_a_stop_before_the_journal_was_compacted(
+    make_cluster: Any,
+) -> None:
+    """Every node snapshots at the same index; stopped between the snapshot and the journal's
+    compaction, pysyncobj would clear the journal at start and lose every entry after the
+    snapshot, committed ones included, on every node at once."""
+    cluster: LocalCluster = make_cluster(3, log_compaction_min_entries=20, default_topic_queues=2)
+    cluster.wait_leader(60)
+    journals = [cluster.node_dir(i) / "data" / "raft" / "journal" for i in range(3)]
+
+    async def produce() -> dict[str, str]:
+        acked: dict[str, str] = {}
+        async with Client(cluster.urls) as client:
+            deadline = time.monotonic() + 60
+            k = 0
+            # Past a snapshot on every node, and a few entries after it on each.
+            while k < 150 or not all(
+                (snap := read_file(str(j))) is not None and len(snap.entries) >= 5 for j in journals
+            ):
+                assert time.monotonic() < deadline, "no snapshot with entries after it"
+                batch = [{"body": f"m-{k + j}"} for j in range(5)]
+                answer = await client.produce("after-snap", batch)
+                for msg, r in zip(batch, answer["results"], strict=True):
+                    acked[r["msg_id"]] = msg["body"]
+                k += 5
+        return acked
+
+    acked = asyncio.run(produce())
+    kill_all_at_once(cluster)
+    assert all((cluster.node_dir(i) / "data" / "raft" / "snapshot").exists() for i in range(3))
+    after = [_uncompact(j) for j in journals]
+    assert all(n > 0 for n in after), after
+    cluster.start()
+    cluster.wait_leader(60)
+    cluster.wait_converged(60)
+
+    async def read_all(url: str) -> set[str]:
+        got: set[str] = set()
+        async with Client([url]) as client:
+            for queue in range(2):
+                offset = 0
+                while True:
+                    page = await client.pull("after-snap", queue, offset, 500)
+                    got |= {m["msg_id"] for m in page["messages"]}
+                    if not page["messages"]:
+                        break
+                    offset = page["next_offset"]
+        return got
+
+    for i in range(3):
+        lost = set(acked) - asyncio.run(read_all(cluster.urls[i]))
+        assert not lost, f"node {i} lost {len(lost)} acknowledged messages\n{dump_logs(cluster)}"
+        assert "the node stopped before compacting it" in node_log(cluster, i)
 
 
 # ---------------------------------------------------------------------- bounded stops
