@@ -35,6 +35,10 @@ from chronomq.raftlog.node import RaftLog
 
 log = logging.getLogger("chronomq.node")
 
+RAFT_BIND_TIMEOUT_S = 10.0
+"""How long the Raft listener may take to bind (pysyncobj retries once a second) before the
+node gives up and exits with status 2, as it does when its HTTP or gRPC port is taken."""
+
 
 async def serve(
     config: NodeConfig,
@@ -62,6 +66,17 @@ async def serve(
         extensions=reserved.APPLY_EXTENSIONS,
         record_rules=reserved.apply_rules(),
     )
+    unbound = await asyncio.to_thread(raftlog.wait_listening, RAFT_BIND_TIMEOUT_S)
+    if unbound is not None:
+        log.error(
+            "cannot listen for Raft on %s: %s (tried for %.0f s); stopping, as no peer could "
+            "reach this node",
+            config.raft_address,
+            unbound,
+            RAFT_BIND_TIMEOUT_S,
+        )
+        await asyncio.to_thread(raftlog.close)
+        return 2
     broker = Broker(config, raftlog)
     node_logs = NodeLogs(config, raftlog)
     broker.logs = node_logs

@@ -229,6 +229,10 @@ class ReplicatedLog(SyncObj):
             assert journal is not None
             self._SyncObj__transport.ack_gate = lambda: journal.dirty
 
+    def raft_listening(self) -> bool:
+        """True once the Raft listener is bound (pysyncobj binds it on the tick thread)."""
+        return bool(self._SyncObj__transport.ready)
+
     def _create_journal(self, path: str | None) -> Any:
         assert path is not None
         self._journal = DurableJournal(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import socket
 import threading
 import time
 import uuid
@@ -47,6 +48,21 @@ from chronomq.raftlog.removal import RemovalNotice
 from chronomq.raftlog.store import ApplyResult, BatchOutcome, Store, TopicLimits
 
 log = logging.getLogger(__name__)
+
+
+def _bind_error(address: str) -> str:
+    """What binding ``address`` (``host:port``) fails with now, as pysyncobj binds it."""
+    host, port = _addr(address)
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            return str(exc)
+    return "the listener was not bound in time"
+
 
 LeaderListener = Callable[[bool, int], None]
 
@@ -415,6 +431,21 @@ class RaftLog:
     def is_member(self, raft_address: str) -> bool:
         """True when ``raft_address`` is another member in this node's Raft configuration."""
         return raft_address in {n.id for n in list(self.machine.otherNodes)}
+
+    def wait_listening(self, timeout_s: float) -> str | None:
+        """Wait until the Raft listener is bound; None once it is, else why it is not.
+
+        pysyncobj binds on its tick thread and, when the address is taken, only retries
+        every second, silently: the node would serve HTTP while no peer can reach it, and
+        never learn a leader. The caller stops the node instead (fail-stop)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.machine.raft_listening():
+                return None
+            time.sleep(0.02)
+        if self.machine.raft_listening():
+            return None
+        return _bind_error(self.config.raft_address)
 
     def leads_caught_up(self) -> bool:
         """True when this node is the confirmed leader and has applied everything it knows

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from chronomq.cluster.launcher import LocalCluster
+from tests.conftest import register_cluster
 from tests.integration import spec_check
 
 
@@ -26,14 +27,24 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def ephemeral_ports() -> range:
+    """The kernel's ephemeral range (outgoing connections take their local port from it)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return range(int(low), int(high) + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)
+
+
 def free_port_base(nodes: int, rng: random.Random) -> tuple[int, int]:
     """An HTTP base and a Raft base such that every port a cluster needs is free.
 
-    Every port lies below the kernel's ephemeral range (32768-60999 by default): a port in
-    that range can be taken by some outgoing connection while a node is down, and its restart
-    then fails with EADDRINUSE.
+    Ports lie outside the kernel's ephemeral range (32768-60999 by default) where it leaves
+    room: a port in that range can be taken by some outgoing connection (a peer's, even)
+    while a node is down or before it binds, and the node then cannot listen.
     """
-    for _ in range(200):
+    ephemeral = ephemeral_ports()
+    for attempt in range(400):
         http = rng.randrange(10000, 19000)
         raft = rng.randrange(20000, 31000)
         ports = (
@@ -42,13 +53,15 @@ def free_port_base(nodes: int, rng: random.Random) -> tuple[int, int]:
             + [raft + i for i in range(nodes)]
             + [raft + 1000 + i for i in range(nodes)]
         )
+        if attempt < 200 and any(p in ephemeral for p in ports):
+            continue  # the kernel's range covers these: try others first
         if all(_bindable(p) for p in ports):
             return http, raft
     raise RuntimeError("no free port range found")
 
 
 @pytest.fixture
-def make_cluster(tmp_path: Path) -> Iterator[Any]:
+def make_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
     clusters: list[LocalCluster] = []
     rng = random.Random()
 
@@ -62,6 +75,7 @@ def make_cluster(tmp_path: Path) -> Iterator[Any]:
             settings=settings,
         )
         clusters.append(c)
+        register_cluster(request.node, c)
         c.start()
         return c
 
@@ -83,7 +97,7 @@ def dump_logs(cluster: LocalCluster) -> str:
 
 
 @pytest.fixture
-def make_joinable_cluster(tmp_path: Path) -> Iterator[Any]:
+def make_joinable_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
     """A cluster of ``initial`` running nodes plus nodes configured to join it later."""
     clusters: list[LocalCluster] = []
 
@@ -98,6 +112,7 @@ def make_joinable_cluster(tmp_path: Path) -> Iterator[Any]:
             initial=initial,
         )
         clusters.append(c)
+        register_cluster(request.node, c)
         c.start()
         return c
 

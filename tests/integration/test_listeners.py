@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import random
 import re
 import shutil
+import socket
 import subprocess
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.server import RAFT_BIND_TIMEOUT_S
+from tests.integration.conftest import free_port_base
 
 pytestmark = pytest.mark.integration
 
@@ -38,3 +46,29 @@ def test_every_listener_binds_the_configured_host(make_cluster: Any) -> None:
             cluster.grpc_address(i),
         }
         assert _listening(cluster.procs[i].pid) == expected, f"node {i}"
+
+
+def test_a_node_whose_raft_port_is_taken_stops_and_says_why(tmp_path: Path) -> None:
+    """pysyncobj retries a failed bind forever without a word: the node would serve HTTP
+    while no peer can reach it, and never learn a leader. It exits (status 2) naming the
+    address instead, as it does for a taken HTTP or gRPC port."""
+    http, raft = free_port_base(3, random.Random())
+    cluster = LocalCluster(3, tmp_path / "c", http_port=http, raft_port=raft)
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", raft + 2))
+        squatter.listen()
+        cluster.start()
+        try:
+            deadline = time.monotonic() + RAFT_BIND_TIMEOUT_S + 50
+            while cluster.alive(2) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert cluster.procs[2].wait(1) == 2
+            log = (cluster.node_dir(2) / "node.log").read_text()
+            assert f"cannot listen for Raft on 127.0.0.1:{raft + 2}" in log
+            assert "Address already in use" in log
+            while cluster.leader() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert cluster.leader() in (0, 1)  # the other two go on
+        finally:
+            cluster.stop()
