@@ -33,6 +33,8 @@ REMEMBERED_OFFSETS = 4096
 log diverged from what it read."""
 SEARCH_WAIT_MS = 1000
 """Longest long-poll of a read that looks for the divergence (what it reads exists)."""
+REFRESH_RETRY_S = 1.0
+"""Pause before looking at the topics again after the cluster did not answer."""
 MAX_EMPTY_SEARCH_READS = 5
 """Empty answers in a row after which a search stops where it is (reading again from there
 hands out messages twice at worst; it never skips one)."""
@@ -168,6 +170,11 @@ class ConsumerState:
 
     def refreshed(self, now: float) -> None:
         self.next_refresh = now + self.refresh_interval_s
+
+    def refresh_failed(self, now: float) -> None:
+        """No node answered (or all answered 5xx) while looking at the topics: try again in
+        :data:`REFRESH_RETRY_S`; fetchers already started go on on their own."""
+        self.next_refresh = now + REFRESH_RETRY_S
 
     def refresh_soon(self, now: float, within_s: float = 0.5) -> None:
         """Look for new queues soon (a send-back may just have created the retry topic)."""

@@ -20,7 +20,7 @@ from chronomq._consume import ConsumerState, FetchStart, Pulled, QueueCursor, St
 from chronomq._http_sync import SyncTransport
 from chronomq._model import CancelResult, MessageData, SendResult, message_fields, produce_message
 from chronomq._policy import RequestPolicy
-from chronomq.errors import ChronomqError, RequestError
+from chronomq.errors import ChronomqError, RequestError, ServerError, UnavailableError
 
 log = logging.getLogger("chronomq")
 
@@ -299,7 +299,7 @@ class Consumer:
             if state.refresh_due(now):
                 self._refresh()
             if state.commit_due(now):
-                self._commit()
+                self._auto_commit()
                 state.auto_committed(now)
             while self._page:
                 msg = self._page.pop(0)
@@ -337,6 +337,18 @@ class Consumer:
     # ------------------------------------------------------------------ internals
 
     def _refresh(self) -> None:
+        """Look for queues to read (new topics, queues, the retry topic). When the cluster
+        does not answer (an outage outlasting the client's deadline, or 5xx), the application
+        is not interrupted: a warning is logged and the look is tried again shortly."""
+        try:
+            self._look_for_queues()
+        except (UnavailableError, ServerError) as exc:
+            log.warning("looking for queues to read failed, retrying: %s", exc)
+            self._state.refresh_failed(time.monotonic())
+            return
+        self._state.refreshed(time.monotonic())
+
+    def _look_for_queues(self) -> None:
         state = self._state
         for topic in state.topics:
             try:
@@ -351,7 +363,6 @@ class Consumer:
                 offsets = self._t.call(req)["offsets"]
             for start in state.plan(topic, described, offsets):
                 self._start_fetcher(start)
-        state.refreshed(time.monotonic())
 
     def _start_fetcher(self, start: FetchStart) -> None:
         th = threading.Thread(
@@ -397,6 +408,14 @@ class Consumer:
                     break
                 except queue_mod.Full:
                     continue
+
+    def _auto_commit(self) -> None:
+        """An auto-commit: when the cluster does not answer, a warning, and the next period
+        commits what is finished by then (an explicit :meth:`commit` raises instead)."""
+        try:
+            self._commit()
+        except (UnavailableError, ServerError) as exc:
+            log.warning("auto-commit failed, retrying at the next period: %s", exc)
 
     def _commit(self) -> None:
         state = self._state

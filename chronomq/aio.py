@@ -25,7 +25,7 @@ from chronomq._consume import ConsumerState, FetchStart, Pulled, QueueCursor, St
 from chronomq._http_aio import AioTransport
 from chronomq._model import CancelResult, MessageData, SendResult, message_fields, produce_message
 from chronomq._policy import RequestPolicy
-from chronomq.errors import ChronomqError, RequestError
+from chronomq.errors import ChronomqError, RequestError, ServerError, UnavailableError
 
 __all__ = ["Consumer", "Message", "Producer"]
 
@@ -281,7 +281,7 @@ class Consumer:
             if state.refresh_due(now):
                 await self._refresh()
             if state.commit_due(now):
-                await self._commit()
+                await self._auto_commit()
                 state.auto_committed(now)
             while self._page:
                 msg = self._page.pop(0)
@@ -317,6 +317,18 @@ class Consumer:
             await self._t.close()
 
     async def _refresh(self) -> None:
+        """Look for queues to read (new topics, queues, the retry topic). When the cluster
+        does not answer (an outage outlasting the client's deadline, or 5xx), the application
+        is not interrupted: a warning is logged and the look is tried again shortly."""
+        try:
+            await self._look_for_queues()
+        except (UnavailableError, ServerError) as exc:
+            log.warning("looking for queues to read failed, retrying: %s", exc)
+            self._state.refresh_failed(time.monotonic())
+            return
+        self._state.refreshed(time.monotonic())
+
+    async def _look_for_queues(self) -> None:
         state = self._state
         for topic in state.topics:
             try:
@@ -335,7 +347,6 @@ class Consumer:
                         self._fetch(start), name=f"chronomq-fetch-{start.topic}-{start.queue}"
                     )
                 )
-        state.refreshed(time.monotonic())
 
     async def _fetch(self, start: FetchStart) -> None:
         assert self._pages is not None
@@ -366,6 +377,14 @@ class Consumer:
             ]
             if page:
                 await self._pages.put(page)
+
+    async def _auto_commit(self) -> None:
+        """An auto-commit: when the cluster does not answer, a warning, and the next period
+        commits what is finished by then (an explicit :meth:`commit` raises instead)."""
+        try:
+            await self._commit()
+        except (UnavailableError, ServerError) as exc:
+            log.warning("auto-commit failed, retrying at the next period: %s", exc)
 
     async def _commit(self) -> None:
         state = self._state
