@@ -1026,6 +1026,7 @@ class Broker:
             "has_quorum": st["has_quorum"],
             "digest": st["digest"],
             "match_index": st["match_index"],
+            "peers_connected": st["peers_connected"],
             "version": VERSION,
             "uptime_s": round(time.monotonic() - self.started_monotonic, 1),
             "queued_messages": st["queued_messages"],

@@ -345,6 +345,9 @@ class LocalCluster:
         return leaders[0] if len(leaders) == 1 else None
 
     def wait_leader(self, timeout_s: float = 30.0, among: list[int] | None = None) -> int:
+        """The confirmed leader (one of ``among`` when given), once the other nodes (of
+        ``among``: a node paused or cut off cannot hear of it) know it too, or the deadline
+        passed; TimeoutError when no leader came."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for i in range(self.n):
@@ -358,17 +361,19 @@ class LocalCluster:
                 # Callers assume the others know it too (forwarding, /readyz, the cluster
                 # view); give them until the deadline to hear from it.
                 with contextlib.suppress(TimeoutError):
-                    self.wait_all_know_leader(max(0.1, deadline - time.monotonic()))
+                    self.wait_all_know_leader(max(0.1, deadline - time.monotonic()), among)
                 return leader
             time.sleep(0.05)
         raise TimeoutError(f"no leader within {timeout_s} s")
 
-    def wait_all_know_leader(self, timeout_s: float = 30.0) -> None:
-        """Wait until every running node reports the same leader in the same term, and that
-        leader has confirmed its leadership (so every /readyz is 200 and a write goes through)."""
+    def wait_all_know_leader(self, timeout_s: float = 30.0, among: list[int] | None = None) -> None:
+        """Wait until every running node (of ``among``, when given) reports the same leader in
+        the same term, and that leader has confirmed its leadership (so every /readyz is 200
+        and a write goes through)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            running = [i for i in range(self.n) if self.alive(i)]
+            nodes = among if among is not None else range(self.n)
+            running = [i for i in nodes if self.alive(i)]
             views = {i: self.node_status(i) or {} for i in running}
             seen = {(v.get("leader"), v.get("term")) for v in views.values()}
             if len(seen) == 1:

@@ -291,6 +291,10 @@ class NodeStatus(Answer):
     pull_waited_queues: int | UnsetType = UNSET
     http_connections: dict[str, Any] | None | UnsetType = UNSET
     disk: dict[str, Any] | None | UnsetType = UNSET
+    peers_connected: Annotated[
+        dict[str, bool] | UnsetType,
+        Meta(description="Raft address of each other member: whether a connection to it is up"),
+    ] = UNSET
 
 
 class TransferRequest(Request):

@@ -252,7 +252,11 @@ def test_cut_off_leader_never_applies_its_uncommitted_entries(make_cluster: Any)
     it in between. Every node must then serve every acknowledged message exactly once, not
     only report the same CommitLog digest.
     """
-    cluster = make_cluster(3, log_compaction_min_entries=100, log_compaction_min_time_s=1)
+    # A connection silent for 3 s is dropped: the appends the new leader queues for the paused
+    # old one are then lost with it, as when a pause outlasts the default 60 s.
+    cluster = make_cluster(
+        3, log_compaction_min_entries=100, log_compaction_min_time_s=1, connection_timeout_ms=3000
+    )
     cluster.wait_leader(60)
     # Long idempotency keys make the snapshot several transmission chunks.
     acked = asyncio.run(produce_range(cluster, 0, 12_000, 10, "k" * 180))
@@ -272,12 +276,24 @@ def test_cut_off_leader_never_applies_its_uncommitted_entries(make_cluster: Any)
             cluster.wait_converged(60)
         else:
             pytest.fail("no cut-off leader held a proposal in 3 attempts")
+        held = (cluster.node_status(old) or {}).get("commit_index", 0)
         cluster.kill(old, signal.SIGSTOP)
         for i in others:
             cluster.kill(i, signal.SIGCONT)
-        cluster.wait_leader(120, among=others)
-        # Enough commands for the new leader to compact its log past the old leader's.
+        new = cluster.wait_leader(120, among=others)
+        # Enough commands for the new leader to compact its log past the old leader's: its
+        # log must start after all the old one holds (what it committed, plus fewer than
+        # 200 proposals it could not commit), and its connection to the old one must be gone.
         acked |= asyncio.run(produce_range(cluster, 10**6, 5_000, 10))
+        old_raft = f"{cluster.hosts[old]}:{cluster.raft_port + old}"
+        deadline = time.monotonic() + 60
+        while True:
+            st = cluster.node_status(new) or {}
+            first = st.get("commit_index", 0) - st.get("log_len", 0)
+            if first > held + 200 and not st.get("peers_connected", {}).get(old_raft, True):
+                break
+            assert time.monotonic() < deadline, f"no compaction past {held + 200}: {st}"
+            time.sleep(0.1)
         cluster.kill(old, signal.SIGCONT)
         cluster.wait_converged(120)
         assert cluster.alive(old)
