@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -9,6 +11,25 @@ from typing import Any
 import pytest
 
 from chronomq.cluster.launcher import LocalCluster
+
+
+def _session_seed() -> int:
+    """One random seed per test run, the same in every process of it (pytest-xdist's workers
+    collect separately and must see the same test ids); ``CHRONOMQ_TEST_SEED`` sets it."""
+    given = os.environ.get("CHRONOMQ_TEST_SEED") or os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if given:
+        return random.Random(given).randrange(2**32)
+    return random.randrange(2**32)
+
+
+SESSION_SEED = _session_seed()
+
+
+def random_seed(name: str) -> int:
+    """A seed for a randomized case that is new on every run (a failing one names it in its
+    test id), derived from :data:`SESSION_SEED` and ``name``."""
+    return random.Random(f"{SESSION_SEED}:{name}").randrange(2**32)
+
 
 CLUSTERS = pytest.StashKey[list[LocalCluster]]()
 """The clusters a test started (fixtures register them on the test item)."""

@@ -16,17 +16,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from chronomq._consume import FetchStart, Pulled, QueueCursor
 from chronomq.cluster.client import Client, ClientError
+from chronomq.errors import ApiError
 from chronomq.ops.drill.history import History, now_ms
 
 TOPIC = "drill"
 QUEUES = 4
 PULL_DEADLINE_S = 1.5
 """How long a consumer retries one node before it reads from the next."""
-
-
-def _code(exc: ClientError) -> object:
-    return exc.body.get("error") if isinstance(exc.body, dict) else None
+PULL_MAX = 500
+PULL_WAIT_MS = 500
 
 
 @dataclass
@@ -157,34 +157,35 @@ class Workload:
     # ------------------------------------------------------------------ consuming
 
     async def _consumer(self, queue: int, stop: asyncio.Event) -> None:
-        offset = 0
-        read: dict[int, str] = {}  # offset -> msg_id of every message this consumer read
+        """Read ``queue`` from its start, one node at a time (the next when one fails), with
+        the client library's :class:`QueueCursor`: every pull names the message read before
+        its offset, and after a rewind (every node lost power under ``flush = async``)
+        reading goes on from the first offset whose message changed, recorded as a
+        ``rewind``."""
+        cursor = QueueCursor(FetchStart(TOPIC, queue, 0), PULL_MAX, PULL_WAIT_MS)
         urls = self.client.urls
         node = queue % len(urls)
         while not stop.is_set():
-            path = f"/v1/topics/{TOPIC}/queues/{queue}/messages?offset={offset}&max=500&wait_ms=500"
-            if offset - 1 in read:
-                path += f"&prev={read[offset - 1]}"
+            req = cursor.request()
             try:
-                page = await self.client.request(
-                    "GET", path, url=urls[node], deadline_s=PULL_DEADLINE_S
+                answer = await self.client.request(
+                    req.method, req.target, url=urls[node], deadline_s=PULL_DEADLINE_S
                 )
-            except ClientError as exc:
-                if exc.status == 409 and _code(exc) == "offset_diverged":
-                    offset = await self._diverged(queue, offset, read, urls[node])
-                    continue
-                node = (node + 1) % len(urls)
-                await asyncio.sleep(0.1)
-                continue
-            except (TimeoutError, ConnectionError, OSError):
+            except (ClientError, TimeoutError, ConnectionError, OSError) as exc:
+                if isinstance(exc, ClientError):
+                    got = cursor.refused(ApiError(exc.status, exc.body))
+                    if got is not None:  # 409 offset_diverged: the search starts
+                        self._rewound(got)
+                        continue
                 # Killed, cut off, or no longer a member (410): read from the next node.
                 node = (node + 1) % len(urls)
                 await asyncio.sleep(0.1)
                 continue
+            got = cursor.answered(answer)
+            self._rewound(got)
             t = now_ms()
-            for m in page["messages"]:
+            for m in got.messages:
                 token = m.get("body")
-                read[int(m["offset"])] = m["msg_id"]
                 self.history.add(
                     "consume",
                     "ok",
@@ -200,34 +201,13 @@ class Workload:
                     self.seen.add(token)
                 if self.latency_sink is not None:
                     self.latency_sink(m, t)
-            offset = max(offset, page["next_offset"])
 
-    async def _diverged(self, queue: int, offset: int, read: dict[int, str], url: str) -> int:
-        """The log lost its newest entries under this consumer (every node lost power under
-        ``flush = async``) and their offsets were written again: the first offset whose
-        message differs from what was read there, to read again from. Recorded as a
-        ``rewind``; on no answer, the old position (the next pull asks again)."""
-        at = min(read, default=0)
-        while at < offset:
-            path = f"/v1/topics/{TOPIC}/queues/{queue}/messages?offset={at}&max=500"
-            try:
-                page = await self.client.request("GET", path, url=url, deadline_s=PULL_DEADLINE_S)
-            except (ClientError, TimeoutError, ConnectionError, OSError):
-                return offset
-            for m in page["messages"]:
-                o = int(m["offset"])
-                if o >= offset or read.get(o) != m["msg_id"]:
-                    break
-                at = o + 1
-            else:
-                if page["messages"] and page["next_offset"] < offset:
-                    continue  # all the same so far: the next page
-            break
-        # The page stopped at a differing message, at the queue's end, or at the old position.
-        for o in [o for o in read if o >= at]:
-            del read[o]
-        self.history.add("rewind", "ok", topic=TOPIC, queue=queue, offset=offset, resume=at)
-        return at
+    def _rewound(self, got: Pulled) -> None:
+        r = got.rewind
+        if r is not None:
+            self.history.add(
+                "rewind", "ok", topic=r.topic, queue=r.queue, offset=r.old_offset, resume=r.offset
+            )
 
     def start_consumers(self, stop: asyncio.Event) -> list[asyncio.Task[None]]:
         return [asyncio.create_task(self._consumer(q, stop)) for q in range(QUEUES)]

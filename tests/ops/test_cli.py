@@ -60,15 +60,19 @@ def test_file_instead_of_directory(tmp_path: Path) -> None:
     ("master", "code", "text"),
     [
         ("yarn", 2, "unsupported --master"),
-        (f"spark://127.0.0.1:{free_port()}", 1, "cannot reach the Spark master"),
-        (f"sc://127.0.0.1:{free_port()}", 1, "cannot reach the Spark Connect server"),
-        (f"spark://127.0.0.1:{free_port()},127.0.0.1:{free_port()}", 1, "; 127.0.0.1:"),
+        ("spark://127.0.0.1:{port}", 1, "cannot reach the Spark master"),
+        ("sc://127.0.0.1:{port}", 1, "cannot reach the Spark Connect server"),
+        ("spark://127.0.0.1:{port},127.0.0.1:{port}", 1, "; 127.0.0.1:"),
         ("spark://127.0.0.1:notaport", 2, "invalid port"),
     ],
 )
 def test_unusable_master_fails_fast(
     small_logs: tuple[Path, object], tmp_path: Path, master: str, code: int, text: str
 ) -> None:
+    # Free ports are picked here, not at collection: every test process must collect the
+    # same test ids.
+    while "{port}" in master:
+        master = master.replace("{port}", str(free_port()), 1)
     stream = io.StringIO()
     options = ReportOptions(logs=(str(small_logs[0]),), out=str(tmp_path), master=master)
     assert report_main(options, stream) == code

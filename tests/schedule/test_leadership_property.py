@@ -35,6 +35,7 @@ from chronomq.schedule.service import (
     ScheduleService,
     ScheduleSettings,
 )
+from tests.conftest import random_seed
 from tests.schedule.fakes import (
     REAL_QUEUES,
     FakeRaftLog,
@@ -45,7 +46,7 @@ from tests.schedule.fakes import (
 )
 
 FIXED_SEEDS = [1, 2, 3, 4, 5, 6, 7, 8]
-SEEDS = [*FIXED_SEEDS, random.randrange(2**32)]
+SEEDS = [*FIXED_SEEDS, random_seed("leadership_property")]
 STEPS = 400
 LEVELS = "1s 2s 3s"
 

@@ -21,6 +21,7 @@ from chronomq.timer.config import TimerConfig
 from chronomq.timer.errors import DelayTooLong, InvalidDeliverTime, SlotCongested
 from chronomq.timer.service import timer_config_from
 from chronomq.timer.timerlog import read_records
+from tests.conftest import random_seed
 from tests.timer.fakes import T0, Group
 
 T = TypeVar("T")
@@ -118,7 +119,7 @@ def test_messages_arrive_once_never_early_and_replicas_agree(make_group: Any) ->
     assert st.counters["delivered"] == len(due)
 
 
-@pytest.mark.parametrize("seed", [11, 12, 13, random.randrange(2**32)])
+@pytest.mark.parametrize("seed", [11, 12, 13, random_seed("timer_service")])
 def test_failovers_with_commands_in_flight_neither_lose_nor_repeat(
     make_group: Any, seed: int
 ) -> None:

@@ -13,10 +13,11 @@ import pytest
 from chronomq.timer.cancel import CancelStatus
 from chronomq.timer.dequeue import DequeueBatch
 from chronomq.timer.errors import StaleCursor
+from tests.conftest import random_seed
 from tests.timer.helpers import T0, Harness
 
 FIXED_SEEDS = [1, 2, 3, 4]  # known to cover cancels, rolls and stale batches
-SEEDS = [*FIXED_SEEDS, random.randrange(2**32)]
+SEEDS = [*FIXED_SEEDS, random_seed("timer_simulation")]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
