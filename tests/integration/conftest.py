@@ -60,24 +60,66 @@ def free_port_base(nodes: int, rng: random.Random) -> tuple[int, int]:
     raise RuntimeError("no free port range found")
 
 
+PORT_ATTEMPTS = 3
+"""Port ranges a test cluster tries when one of its ports was taken before a node bound it."""
+
+
+def _port_taken(cluster: LocalCluster, timeout_s: float = 60.0) -> int | None:
+    """Wait until every started node answers; the node that exited instead because one of its
+    ports was taken (status 2, "cannot listen" in its log), if one did. Another machine's
+    process (CI runners are shared) can take a port between the check and the bind."""
+    deadline = time.monotonic() + timeout_s
+    waiting = set(cluster.procs)
+    while waiting and time.monotonic() < deadline:
+        for i in sorted(waiting):
+            p = cluster.procs[i]
+            if p.poll() is not None:
+                text = (cluster.node_dir(i) / "node.log").read_text(errors="replace")
+                if p.returncode == 2 and "cannot listen" in text:
+                    return i
+                waiting.discard(i)  # exited for another reason: the test will say so
+            elif cluster.node_status(i, timeout_s=1.0) is not None:
+                waiting.discard(i)
+        time.sleep(0.05)
+    return None
+
+
+def start_on_free_ports(build: Callable[[int, int, int], LocalCluster], nodes: int) -> LocalCluster:
+    """``build(http_port, raft_port, attempt)`` a cluster on free ports and start it; on a port
+    taken meanwhile, stop it and start another on other ports."""
+    rng = random.Random()
+    for attempt in range(PORT_ATTEMPTS):
+        http, raft = free_port_base(nodes, rng)
+        c = build(http, raft, attempt)
+        c.start()
+        taken = _port_taken(c)
+        if taken is None or attempt == PORT_ATTEMPTS - 1:
+            return c
+        print(f"node {taken}'s port was taken before it listened; trying other ports")
+        c.stop()
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture
 def make_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
     clusters: list[LocalCluster] = []
-    rng = random.Random()
 
     def make(nodes: int = 3, **settings: Any) -> LocalCluster:
-        http, raft = free_port_base(nodes, rng)
-        c = LocalCluster(
-            nodes,
-            tmp_path / f"cluster-{len(clusters)}",
-            http_port=http,
-            raft_port=raft,
-            settings=settings,
-        )
-        clusters.append(c)
-        register_cluster(request.node, c)
-        c.start()
-        return c
+        n = len(clusters)
+
+        def build(http: int, raft: int, attempt: int) -> LocalCluster:
+            c = LocalCluster(
+                nodes,
+                tmp_path / (f"cluster-{n}" if attempt == 0 else f"cluster-{n}-{attempt}"),
+                http_port=http,
+                raft_port=raft,
+                settings=settings,
+            )
+            clusters.append(c)
+            register_cluster(request.node, c)
+            return c
+
+        return start_on_free_ports(build, nodes)
 
     yield make
     for c in clusters:
@@ -102,19 +144,20 @@ def make_joinable_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Ite
     clusters: list[LocalCluster] = []
 
     def make(nodes: int, initial: int, **settings: Any) -> LocalCluster:
-        http, raft = free_port_base(nodes, random.Random())
-        c = LocalCluster(
-            nodes,
-            tmp_path / "joinable",
-            http_port=http,
-            raft_port=raft,
-            settings=settings,
-            initial=initial,
-        )
-        clusters.append(c)
-        register_cluster(request.node, c)
-        c.start()
-        return c
+        def build(http: int, raft: int, attempt: int) -> LocalCluster:
+            c = LocalCluster(
+                nodes,
+                tmp_path / ("joinable" if attempt == 0 else f"joinable-{attempt}"),
+                http_port=http,
+                raft_port=raft,
+                settings=settings,
+                initial=initial,
+            )
+            clusters.append(c)
+            register_cluster(request.node, c)
+            return c
+
+        return start_on_free_ports(build, nodes)
 
     yield make
     for c in clusters:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import random
 import re
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +13,7 @@ import pytest
 
 from chronomq.cluster.launcher import LocalCluster
 from chronomq.cluster.server import RAFT_BIND_TIMEOUT_S
-from tests.integration.conftest import free_port_base
+from tests.integration.conftest import start_on_free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -51,24 +49,32 @@ def test_every_listener_binds_the_configured_host(make_cluster: Any) -> None:
 def test_a_node_whose_raft_port_is_taken_stops_and_says_why(tmp_path: Path) -> None:
     """pysyncobj retries a failed bind forever without a word: the node would serve HTTP
     while no peer can reach it, and never learn a leader. It exits (status 2) naming the
-    address instead, as it does for a taken HTTP or gRPC port."""
-    http, raft = free_port_base(3, random.Random())
-    cluster = LocalCluster(3, tmp_path / "c", http_port=http, raft_port=raft)
+    address instead, as it does for a taken HTTP or gRPC port; the test clusters then start
+    again on other ports."""
+    clusters: list[LocalCluster] = []
     with socket.socket() as squatter:
-        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        squatter.bind(("127.0.0.1", raft + 2))
-        squatter.listen()
-        cluster.start()
+
+        def build(http: int, raft: int, attempt: int) -> LocalCluster:
+            if attempt == 0:  # someone takes node 2's Raft port first
+                squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                squatter.bind(("127.0.0.1", raft + 2))
+                squatter.listen()
+            c = LocalCluster(3, tmp_path / f"c{attempt}", http_port=http, raft_port=raft)
+            clusters.append(c)
+            return c
+
         try:
-            deadline = time.monotonic() + RAFT_BIND_TIMEOUT_S + 50
-            while cluster.alive(2) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert cluster.procs[2].wait(1) == 2
-            log = (cluster.node_dir(2) / "node.log").read_text()
-            assert f"cannot listen for Raft on 127.0.0.1:{raft + 2}" in log
+            cluster = start_on_free_ports(build, 3)
+            first = clusters[0]
+            assert len(clusters) == 2 and cluster is clusters[1]
+            assert first.procs[2].returncode == 2
+            log = (first.node_dir(2) / "node.log").read_text()
+            raft = first.raft_port + 2
+            assert f"cannot listen for Raft on 127.0.0.1:{raft}" in log
             assert "Address already in use" in log
-            while cluster.leader() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert cluster.leader() in (0, 1)  # the other two go on
+            assert f"(tried for {RAFT_BIND_TIMEOUT_S:.0f} s)" in log
+            cluster.wait_leader(60)
+            cluster.wait_all_know_leader(30)
         finally:
-            cluster.stop()
+            for c in clusters:
+                c.stop()
