@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from chronomq.cluster.launcher import LocalCluster
-from tests.conftest import register_cluster
+from tests.conftest import node_logs, register_cluster
 from tests.integration import spec_check
 
 
@@ -100,68 +100,65 @@ def start_on_free_ports(build: Callable[[int, int, int], LocalCluster], nodes: i
     raise AssertionError("unreachable")
 
 
-@pytest.fixture
-def make_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
-    clusters: list[LocalCluster] = []
+class StartedClusters:
+    """The clusters one test starts (stopped after it, their logs in its failure report)."""
 
-    def make(nodes: int = 3, **settings: Any) -> LocalCluster:
-        n = len(clusters)
+    def __init__(self, tmp_path: Path, item: pytest.Item) -> None:
+        self.tmp_path = tmp_path
+        self.item = item
+        self.started: list[LocalCluster] = []
 
+    def start(
+        self, name: str, nodes: int, settings: dict[str, Any], initial: int | None = None
+    ) -> LocalCluster:
         def build(http: int, raft: int, attempt: int) -> LocalCluster:
             c = LocalCluster(
                 nodes,
-                tmp_path / (f"cluster-{n}" if attempt == 0 else f"cluster-{n}-{attempt}"),
-                http_port=http,
-                raft_port=raft,
-                settings=settings,
-            )
-            clusters.append(c)
-            register_cluster(request.node, c)
-            return c
-
-        return start_on_free_ports(build, nodes)
-
-    yield make
-    for c in clusters:
-        c.stop()
-
-
-def dump_logs(cluster: LocalCluster) -> str:
-    out = []
-    for i in range(cluster.n):
-        log = cluster.node_dir(i) / "node.log"
-        if log.exists():
-            out.append(
-                f"--- node {i} ---\n"
-                + "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-            )
-    return "\n".join(out)
-
-
-@pytest.fixture
-def make_joinable_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
-    """A cluster of ``initial`` running nodes plus nodes configured to join it later."""
-    clusters: list[LocalCluster] = []
-
-    def make(nodes: int, initial: int, **settings: Any) -> LocalCluster:
-        def build(http: int, raft: int, attempt: int) -> LocalCluster:
-            c = LocalCluster(
-                nodes,
-                tmp_path / ("joinable" if attempt == 0 else f"joinable-{attempt}"),
+                self.tmp_path / (name if attempt == 0 else f"{name}-{attempt}"),
                 http_port=http,
                 raft_port=raft,
                 settings=settings,
                 initial=initial,
             )
-            clusters.append(c)
-            register_cluster(request.node, c)
+            self.started.append(c)
+            register_cluster(self.item, c)
             return c
 
         return start_on_free_ports(build, nodes)
 
+    def stop(self) -> None:
+        for c in self.started:
+            c.stop()
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
+    clusters = StartedClusters(tmp_path, request.node)
+    made = 0
+
+    def make(nodes: int = 3, **settings: Any) -> LocalCluster:
+        nonlocal made
+        made += 1
+        return clusters.start(f"cluster-{made - 1}", nodes, settings)
+
     yield make
-    for c in clusters:
-        c.stop()
+    clusters.stop()
+
+
+def dump_logs(cluster: LocalCluster) -> str:
+    return node_logs(cluster, 30)
+
+
+@pytest.fixture
+def make_joinable_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A cluster of ``initial`` running nodes plus nodes configured to join it later."""
+    clusters = StartedClusters(tmp_path, request.node)
+
+    def make(nodes: int, initial: int, **settings: Any) -> LocalCluster:
+        return clusters.start("joinable", nodes, settings, initial)
+
+    yield make
+    clusters.stop()
 
 
 async def wait_for(
