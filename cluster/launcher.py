@@ -371,8 +371,8 @@ class LocalCluster:
         the same term, and that leader has confirmed its leadership (so every /readyz is 200
         and a write goes through)."""
         deadline = time.monotonic() + timeout_s
+        nodes = among if among is not None else range(self.n)
         while time.monotonic() < deadline:
-            nodes = among if among is not None else range(self.n)
             running = [i for i in nodes if self.alive(i)]
             views = {i: self.node_status(i) or {} for i in running}
             seen = {(v.get("leader"), v.get("term")) for v in views.values()}

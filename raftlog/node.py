@@ -439,13 +439,11 @@ class RaftLog:
         every second, silently: the node would serve HTTP while no peer can reach it, and
         never learn a leader. The caller stops the node instead (fail-stop)."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.machine.raft_listening():
-                return None
+        while not self.machine.raft_listening():
+            if time.monotonic() >= deadline:
+                return _bind_error(self.config.raft_address)
             time.sleep(0.02)
-        if self.machine.raft_listening():
-            return None
-        return _bind_error(self.config.raft_address)
+        return None
 
     def leads_caught_up(self) -> bool:
         """True when this node is the confirmed leader and has applied everything it knows
