@@ -32,11 +32,12 @@ typecheck: $(STAMP)
 
 # Two test processes (pytest-xdist; each test file stays on one): the integration tests mostly
 # wait on real nodes, so two at a time halve the wall time on two cores. TEST_WORKERS=0 runs
-# the suite in this one process.
+# the suite in this one process. Tests marked `alone` run afterwards, with nothing beside them.
 TEST_WORKERS ?= 2
 
 test: $(STAMP) lint typecheck
-	$(BIN)/python -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadfile -m "not alone"
+	$(BIN)/python -m pytest -q -ra -m alone
 
 # Pin what a fresh install resolves to now (run after changing dependencies).
 constraints:
