@@ -17,6 +17,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -121,6 +122,9 @@ class LocalCluster:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self._logs: dict[int, Any] = {}
         self._security = self._security_settings()
+        self._procs_lock = threading.Lock()
+        self._final = False
+        """Set by ``stop(final=True)``: no node starts again."""
 
     # ------------------------------------------------------------------ secrets
 
@@ -241,6 +245,12 @@ class LocalCluster:
             for j in range(self.initial):
                 self.start(j)
             return
+        with self._procs_lock:
+            self._start_node(i)
+
+    def _start_node(self, i: int) -> None:
+        if self._final:
+            raise RuntimeError(f"node {i} not started: the cluster was stopped for good")
         if i in self.procs and self.procs[i].poll() is None:
             raise RuntimeError(f"node {i} is already running")
         d = self.node_dir(i)
@@ -300,9 +310,21 @@ class LocalCluster:
         if log is not None:
             log.close()
 
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    def kill_now(self) -> None:
+        """SIGKILL every node's process group and return at once (nothing is waited for or
+        reaped; for a process that is about to exit). No node starts again."""
+        self._final = True
+        for p in list(self.procs.values()):
+            if p.poll() is None:
+                _signal_group(p, signal.SIGKILL)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S, *, final: bool = False) -> None:
         """Stop every node: SIGCONT and SIGTERM to each one's process group, SIGKILL to those
-        still there after ``timeout_s``, and reap them all; no process is left behind."""
+        still there after ``timeout_s``, and reap them all; no process is left behind.
+        ``final``: no node starts again, also not from another thread that was about to
+        start one (a drill stopped in the middle of a fault)."""
+        with self._procs_lock:
+            self._final = self._final or final
         for p in list(self.procs.values()):
             if p.poll() is None:
                 _signal_group(p, signal.SIGCONT)  # a paused node must be able to stop

@@ -40,7 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from chronomq.ops.drill import churn, netns
-from chronomq.ops.drill.context import DEFAULT_HOLD_S, FaultContext, wait_converged, wait_leader
+from chronomq.ops.drill.context import (
+    DEFAULT_HOLD_S,
+    FaultContext,
+    blocking,
+    wait_converged,
+    wait_leader,
+)
 from chronomq.ops.drill.powercut import mount as powercut
 
 __all__ = [
@@ -109,9 +115,11 @@ async def inject(name: str, ctx: FaultContext) -> dict[str, Any]:
 async def _kill(ctx: FaultContext, name: str, node: int) -> dict[str, Any]:
     c = ctx.cluster
     ctx.record("start", fault=name, node=node)
-    await asyncio.to_thread(c.kill, node, signal.SIGKILL)
+    await blocking(c.kill, node, signal.SIGKILL)
+    await ctx.enter(f"{name} held")
     await asyncio.sleep(ctx.hold_s)
-    await asyncio.to_thread(c.start, node)
+    await ctx.enter("healing")
+    await blocking(c.start, node)
     ctx.record("end", fault=name, node=node)
     return {"node": node}
 
@@ -139,8 +147,10 @@ async def pause_leader(ctx: FaultContext) -> dict[str, Any]:
         ctx.cluster.kill(leader, signal.SIGCONT)
 
     ctx.healers.append(resume)
-    await asyncio.to_thread(ctx.cluster.kill, leader, signal.SIGSTOP)
+    await blocking(ctx.cluster.kill, leader, signal.SIGSTOP)
+    await ctx.enter("pause-leader held")
     await asyncio.sleep(hold)
+    await ctx.enter("healing")
     resume()
     ctx.healers.remove(resume)
     ctx.record("end", fault="pause-leader", node=leader)
@@ -155,9 +165,11 @@ async def _partition(ctx: FaultContext, name: str, groups: list[list[int]]) -> d
     for side in groups:
         others = [j for j in range(ctx.cluster.n) if j not in side]
         for i in side:
-            await asyncio.to_thread(network.cut, i, others)
+            await blocking(network.cut, i, others)
+    await ctx.enter(f"{name} held")
     await asyncio.sleep(ctx.hold_s)
-    await asyncio.to_thread(network.heal_all)
+    await ctx.enter("healing")
+    await blocking(network.heal_all)
     ctx.healers.remove(network.heal_all)
     ctx.record("end", fault=name)
     return {"groups": groups}
@@ -192,7 +204,9 @@ async def clock_skew(ctx: FaultContext) -> dict[str, Any]:
 
     ctx.healers.append(reset)
     stamp.write_text(f"{skew_ms}\n")
+    await ctx.enter("clock-skew held")
     await asyncio.sleep(ctx.hold_s)
+    await ctx.enter("healing")
     reset()
     await asyncio.sleep(0.5)  # the node re-reads the file every 200 ms
     ctx.healers.remove(reset)
@@ -230,15 +244,17 @@ async def power_cut(ctx: FaultContext) -> dict[str, Any]:
     else:
         nodes = list(range(c.n))
     ctx.record("start", fault="power-cut", scope=scope, nodes=nodes)
-    await asyncio.gather(*(asyncio.to_thread(c.kill, i, signal.SIGKILL) for i in nodes))
+    await asyncio.gather(*(blocking(c.kill, i, signal.SIGKILL) for i in nodes))
     # Every process of those nodes is gone (and has written its dirty pages back), so what
     # the disks hold now is what the page cache held: the cut drops what was not synced.
     cuts: dict[str, dict[str, Any]] = {}
     for i in nodes:
-        cuts[str(i)] = _cut_summary(await asyncio.to_thread(disks[i].cut))
+        cuts[str(i)] = _cut_summary(await blocking(disks[i].cut))
+    await ctx.enter("power-cut held")
     await asyncio.sleep(ctx.hold_s)
+    await ctx.enter("healing")
     for i in nodes:
-        await asyncio.to_thread(c.start, i)
+        await blocking(c.start, i)
     ctx.record("end", fault="power-cut", scope=scope, nodes=nodes, cut=cuts)
     return {"scope": scope, "nodes": nodes, "cut": cuts}
 

@@ -48,6 +48,7 @@ from rocketmq.v5.exception import (
     UnauthorizedException,
 )
 
+from chronomq.ops.drill.context import blocking
 from chronomq.ops.drill.history import History, now_ms
 from chronomq.ops.drill.workload import TOPIC, WorkloadConfig
 
@@ -102,6 +103,8 @@ class GrpcWorkload:
     acknowledged: set[str] = field(default_factory=set)
     cancelled: set[str] = field(default_factory=set)
     """Kept for the drill's interface: the gRPC workload recalls nothing."""
+    cancel_tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    """Kept for the drill's interface: the gRPC workload recalls nothing."""
     seen: set[str] = field(default_factory=set)
     acked: set[str] = field(default_factory=set)
     """Tokens with at least one successful ack."""
@@ -129,7 +132,7 @@ class GrpcWorkload:
         self._ack_pool = concurrent.futures.ThreadPoolExecutor(
             self.grpc.ack_threads, thread_name_prefix="drill-ack"
         )
-        self._producer = await asyncio.to_thread(start_producer)
+        self._producer = await blocking(start_producer)
         for _ in range(self.grpc.consumers):
 
             def start_consumer() -> SimpleConsumer:
@@ -139,14 +142,14 @@ class GrpcWorkload:
                 c.startup()
                 return c
 
-            self._consumers.append(await asyncio.to_thread(start_consumer))
+            self._consumers.append(await blocking(start_consumer))
 
     async def close(self) -> None:
         for client in [*self._consumers, self._producer]:
             if client is not None:
                 # A client that failed to start, or already stopped, refuses to shut down.
                 with contextlib.suppress(Exception):
-                    await asyncio.to_thread(client.shutdown)
+                    await blocking(client.shutdown)
         self._consumers.clear()
         self._producer = None
         if self._ack_pool is not None:

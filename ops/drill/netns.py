@@ -57,7 +57,7 @@ class Network:
         _run("ip", "addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
         for i in range(self.n):
-            ns, veth = self.ns(i), f"cmq{self.tag}v{i}"
+            ns, veth = self.ns(i), self.veth(i)
             _run("ip", "netns", "add", ns)
             _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
             _run("ip", "link", "set", veth, "master", self.bridge)
@@ -94,8 +94,15 @@ class Network:
         for i in range(self.n):
             self.heal(i)
 
+    def veth(self, i: int) -> str:
+        return f"cmq{self.tag}v{i}"
+
     def teardown(self) -> None:
+        # The veth pairs first: a namespace whose processes were just killed can outlive its
+        # name for seconds (the kernel frees it once their sockets are gone), and its veth
+        # pair with it; deleting our end removes both now.
         for i in range(self.n):
+            _run("ip", "link", "del", self.veth(i), check=False)
             _run("ip", "netns", "del", self.ns(i), check=False)
         _run("ip", "link", "del", self.bridge, check=False)
         self._up = False
@@ -106,5 +113,8 @@ class Network:
         names = [line.split()[0] for line in out.splitlines() if line.strip()]
         left = [n for n in names if n.startswith(f"cmq{self.tag}n")]
         links = _run("ip", "-o", "link", "show", check=False).stdout
-        left += [self.bridge] if f" {self.bridge}:" in links else []
+        devices = {
+            line.split(":")[1].strip().split("@")[0] for line in links.splitlines() if ":" in line
+        }
+        left += [x for x in (self.bridge, *map(self.veth, range(self.n))) if x in devices]
         return left

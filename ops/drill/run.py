@@ -23,17 +23,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from chronomq.cluster.client import Client, ClientError
-from chronomq.cluster.launcher import LocalCluster, parse_sets
+from chronomq.cluster.launcher import STOP_TIMEOUT_S, LocalCluster, parse_sets
 from chronomq.cluster.output import print_rows, write_json
 from chronomq.ops.drill import faults as faultlib
 from chronomq.ops.drill import netns
@@ -53,6 +57,17 @@ ASYNC_FLUSH_INTERVAL_MS = 500
 acknowledged within the last CommitLog flush interval."""
 WARMUP_S = 4.0
 QUIET_S = 4.0
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+INTERRUPT_GRACE_S = 9.0
+"""After the first Ctrl-C, the time the drill has to stop its workload, nodes, namespaces and
+mounts and to write its partial report; then it exits as at a second Ctrl-C."""
+TASKS_STOP_S = 1.0
+"""Interrupted: how long the workload's tasks get to end once cancelled."""
+GRPC_CLOSE_S = 2.0
+"""Interrupted or not: how long the official clients get to shut down."""
+INTERRUPT_NODE_STOP_S = 2.0
+"""Interrupted: SIGTERM to SIGKILL for the nodes (they flush their ops logs on SIGTERM)."""
 
 
 def _progress(msg: str) -> None:
@@ -110,8 +125,14 @@ async def _drill(
     out: Path,
     cluster: LocalCluster,
     ctx_net: Any,
+    state: DrillState,
     disks: dict[int, powercut.PowerCutMount] | None = None,
-) -> dict[str, Any]:
+) -> None:
+    """The workload, the faults and the drain; what it finds goes to ``state.found``.
+
+    Cancelled (Ctrl-C), it stops its workload and closes the history within
+    :data:`TASKS_STOP_S` + :data:`GRPC_CLOSE_S`; the faults' healers are left to the drill's
+    clean-up, which removes what they would restore."""
     # Separate streams: the workload draws as fast as acknowledgements come back, which
     # must not move the faults' choices (order, skew amounts) for a given seed.
     rng = random.Random(f"{args.seed}/faults")
@@ -119,8 +140,10 @@ async def _drill(
     history = History(out / "history.jsonl")
     events = _event_writer(out / "logs")
     stop_consumers = asyncio.Event()
-    result: dict[str, Any] = {}
+    found = state.found
     grpc_workload: GrpcWorkload | None = None
+    tasks: list[asyncio.Task[Any]] = []
+    side_tasks: list[asyncio.Task[None]] = []
     try:
         async with Client(
             cluster.urls,
@@ -129,122 +152,163 @@ async def _drill(
             deadline_s=10,
             request_timeout_s=2.5,
         ) as client:
-            await faultlib.wait_leader(cluster, 60)
-            kinds = ["plain", "level", "timer"]
-            if not await _timers_supported(client):
-                _progress("this broker does not accept timers (deliver_at_ms); skipping them")
-                kinds.remove("timer")
-            config = WorkloadConfig(rate=args.rate, kinds=tuple(kinds))
-            workload: Workload | GrpcWorkload
-            if args.client == "grpc":
-                workload = GrpcWorkload(
-                    cluster.grpc_endpoints,
-                    history,
-                    workload_rng,
-                    args.seed,
-                    _level_delays_ms(args),
-                    token=cluster.auth_token,
-                    config=config,
-                )
-                grpc_workload = workload
-                await workload.start()
-            else:
-                workload = Workload(client, history, workload_rng, args.seed, config)
-            consumers = workload.start_consumers(stop_consumers)
-
-            def record(type_: str, **detail: Any) -> None:
-                rec = history.add("fault", type_, **detail)
-                _record_event(
-                    events,
-                    {"phase": type_, **{k: v for k, v in rec.items() if k not in ("op", "type")}},
-                )
-                if type_ == "start":
-                    _progress(f"fault {detail.get('fault')} {detail}")
-                elif type_ == "disruption":
-                    _progress(f"  {detail.get('fault')} {detail.get('step')}: {_brief(detail)}")
-
-            ctx = faultlib.FaultContext(
-                cluster=cluster,
-                rng=rng,
-                network=ctx_net,
-                record=record,
-                burst=workload.burst,
-                hold_s=args.hold,
-                disks=disks,
-            )
-            skipped: dict[str, str] = {}
-            runnable = []
-            for name in args.faults:
-                why = faultlib.unavailable_reason(name, ctx_net, args.skew_ready, disks)
-                if why:
-                    skipped[name] = why
-                    _progress(f"skipping {name}: {why}")
+            try:
+                await state.enter("waiting for a leader")
+                await faultlib.wait_leader(cluster, 60)
+                kinds = ["plain", "level", "timer"]
+                if not await _timers_supported(client):
+                    _progress("this broker does not accept timers (deliver_at_ms); skipping them")
+                    kinds.remove("timer")
+                config = WorkloadConfig(rate=args.rate, kinds=tuple(kinds))
+                workload: Workload | GrpcWorkload
+                if args.client == "grpc":
+                    workload = GrpcWorkload(
+                        cluster.grpc_endpoints,
+                        history,
+                        workload_rng,
+                        args.seed,
+                        _level_delays_ms(args),
+                        token=cluster.auth_token,
+                        config=config,
+                    )
+                    grpc_workload = workload
+                    await workload.start()
                 else:
-                    runnable.append(name)
-            order = plan_faults(runnable, args.duration, args.hold, rng) if runnable else []
-            _progress(f"seed {args.seed}; faults in order: {', '.join(order) or 'none'}")
-            producing = asyncio.create_task(workload.run_producers(args.duration))
-            started = time.monotonic()
-            ran: list[str] = []
-            findings: list[str] = []
-            power_cuts: list[dict[str, Any]] = []
-            await asyncio.sleep(WARMUP_S)
-            try:
-                for name in order:
-                    if time.monotonic() - started > args.duration:
-                        break
-                    detail = await faultlib.inject(name, ctx)
-                    ran.append(name)
-                    if name in faultlib.POWER:
-                        power_cuts.append(detail)
-                    findings.extend(f"{name}: {f}" for f in detail.get("findings", []))
-                    await faultlib.wait_leader(cluster, 60)
-                    await asyncio.sleep(QUIET_S)
-            except (RuntimeError, TimeoutError) as exc:
-                # A node that exits by itself, or a cluster that stays leaderless, ends the
-                # faults; the history is still checked and the run fails.
-                result["aborted"] = str(exc)
-                _progress(f"faults stopped: {exc}")
+                    workload = Workload(client, history, workload_rng, args.seed, config)
+                consumers = workload.start_consumers(stop_consumers)
+                tasks.extend(consumers)
+                side_tasks = workload.cancel_tasks
+
+                def record(type_: str, **detail: Any) -> None:
+                    rec = history.add("fault", type_, **detail)
+                    _record_event(
+                        events,
+                        {
+                            "phase": type_,
+                            **{k: v for k, v in rec.items() if k not in ("op", "type")},
+                        },
+                    )
+                    if type_ == "start":
+                        _progress(f"fault {detail.get('fault')} {detail}")
+                    elif type_ == "disruption":
+                        _progress(f"  {detail.get('fault')} {detail.get('step')}: {_brief(detail)}")
+
+                ctx = faultlib.FaultContext(
+                    cluster=cluster,
+                    rng=rng,
+                    network=ctx_net,
+                    record=record,
+                    burst=workload.burst,
+                    hold_s=args.hold,
+                    disks=disks,
+                    enter=state.enter,
+                )
+                skipped: dict[str, str] = {}
+                runnable = []
+                for name in args.faults:
+                    why = faultlib.unavailable_reason(name, ctx_net, args.skew_ready, disks)
+                    if why:
+                        skipped[name] = why
+                        _progress(f"skipping {name}: {why}")
+                    else:
+                        runnable.append(name)
+                order = plan_faults(runnable, args.duration, args.hold, rng) if runnable else []
+                ran: list[str] = []
+                findings: list[str] = []
+                power_cuts: list[dict[str, Any]] = []
+                found.update(
+                    skipped_faults=skipped,
+                    faults_planned=order,
+                    faults_run=ran,
+                    findings=findings,
+                    skew_allowance_ms=0,
+                )
+                if disks:
+                    found["power_cuts"] = power_cuts
+                _progress(f"seed {args.seed}; faults in order: {', '.join(order) or 'none'}")
+                producing = asyncio.create_task(workload.run_producers(args.duration))
+                tasks.append(producing)
+                started = time.monotonic()
+                await state.enter("warm-up")
+                await asyncio.sleep(WARMUP_S)
+                try:
+                    for name in order:
+                        if time.monotonic() - started > args.duration:
+                            break
+                        await state.enter(f"fault {name}")
+                        detail = await faultlib.inject(name, ctx)
+                        ran.append(name)
+                        if name in faultlib.POWER:
+                            power_cuts.append(detail)
+                        findings.extend(f"{name}: {f}" for f in detail.get("findings", []))
+                        found["skew_allowance_ms"] = ctx.skew_ms + 50 if ctx.skew_ms else 0
+                        await state.enter("quiet")
+                        await faultlib.wait_leader(cluster, 60)
+                        await asyncio.sleep(QUIET_S)
+                except (RuntimeError, TimeoutError) as exc:
+                    # A node that exits by itself, or a cluster that stays leaderless, ends the
+                    # faults; the history is still checked and the run fails.
+                    found["aborted"] = str(exc)
+                    _progress(f"faults stopped: {exc}")
+                finally:
+                    # Not when interrupted: the clean-up removes whatever the healers restore
+                    # (a re-add alone may take seconds), and must not wait for them.
+                    if not state.interrupted:
+                        for heal in list(ctx.healers):
+                            heal()
+                await producing
+                await workload.wait_cancels()
+                await state.enter("draining")
+                _progress(f"producers stopped after {history.count} records; draining")
+                drain_deadline = time.monotonic() + 60
+                while workload.outstanding() and time.monotonic() < drain_deadline:
+                    await asyncio.sleep(0.2)
+                # A late duplicate must show up before judging: a sentinel per queue, written after
+                # everything else, and the consumers reading past it, say the queues were read to
+                # their ends.
+                await workload.read_past_sentinels(deadline_s=30)
+                stop_consumers.set()
+                await asyncio.gather(*consumers, return_exceptions=True)
+                await state.enter("converging")
+                try:
+                    await faultlib.wait_converged(cluster, 60)
+                    found["replicas_converged"] = True
+                    # What the converged log holds, read again from the start (the HTTP
+                    # workload's consumers read by offset; pop consumption has no offsets to
+                    # read again, its acks are the record).
+                    if isinstance(workload, Workload):
+                        found["final_read"] = await workload.final_read()
+                except TimeoutError as exc:
+                    found["replicas_converged"] = False
+                    _progress(f"replicas differ: {exc}")
             finally:
-                for heal in list(ctx.healers):
-                    heal()
-            await producing
-            await workload.wait_cancels()
-            _progress(f"producers stopped after {history.count} records; draining")
-            drain_deadline = time.monotonic() + 60
-            while workload.outstanding() and time.monotonic() < drain_deadline:
-                await asyncio.sleep(0.2)
-            # A late duplicate must show up before judging: a sentinel per queue, written after
-            # everything else, and the consumers reading past it, say the queues were read to
-            # their ends.
-            await workload.read_past_sentinels(deadline_s=30)
-            stop_consumers.set()
-            await asyncio.gather(*consumers, return_exceptions=True)
-            try:
-                await faultlib.wait_converged(cluster, 60)
-                result["replicas_converged"] = True
-                # What the converged log holds, read again from the start (the HTTP
-                # workload's consumers read by offset; pop consumption has no offsets to
-                # read again, its acks are the record).
-                if isinstance(workload, Workload):
-                    result["final_read"] = await workload.final_read()
-            except TimeoutError as exc:
-                result["replicas_converged"] = False
-                _progress(f"replicas differ: {exc}")
-            result["skipped_faults"] = skipped
-            result["faults_planned"] = order
-            result["faults_run"] = ran
-            result["findings"] = findings
-            if disks:
-                result["power_cuts"] = power_cuts
-            result["skew_allowance_ms"] = ctx.skew_ms + 50 if ctx.skew_ms else 0
+                # Before the client closes: a consumer still reading would fail on it.
+                stop_consumers.set()
+                await _stop_tasks([*tasks, *side_tasks])
     finally:
-        if grpc_workload is not None:
-            await grpc_workload.close()
-        history.close()
-        if events is not None:
-            events.close()
-    return result
+        try:
+            if grpc_workload is not None:
+                try:
+                    await asyncio.wait_for(grpc_workload.close(), GRPC_CLOSE_S)
+                except TimeoutError:
+                    _progress(f"the gRPC clients did not shut down within {GRPC_CLOSE_S:.0f} s")
+        finally:
+            history.close()
+            if events is not None:
+                events.close()
+
+
+async def _stop_tasks(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel the workload's tasks that still run (interrupted: nothing waits for them any
+    more) and give them :data:`TASKS_STOP_S` to end; what they raised is not logged again."""
+    running = [t for t in tasks if not t.done()]
+    for task in running:
+        task.cancel()
+    if running:
+        await asyncio.wait(running, timeout=TASKS_STOP_S)
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()
 
 
 def _level_delays_ms(args: argparse.Namespace) -> tuple[int, ...]:
@@ -259,11 +323,155 @@ def _brief(detail: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in keep.items())
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+HOLD_PHASE_ENV = "CHRONOMQ_DRILL_HOLD_PHASE"
+"""For tests: the drill waits up to :data:`HOLD_PHASE_S` when it enters the phase this names
+(``warm-up``, ``fault kill-leader``, ``kill-leader held``, ``healing``, ``draining``,
+``checking``, ``stopping``, ...; every phase is announced as ``[drill] phase NAME``), so that
+a Ctrl-C can be sent while it is in that phase. A Ctrl-C ends the wait, except in
+``stopping`` (the clean-up), where only a second one or the watchdog ends the drill."""
+HOLD_PHASE_S = 60.0
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+@dataclass
+class DrillState:
+    """Where a drill is, whether it was interrupted, and what it found so far (the partial
+    report of an interrupted drill is made of it)."""
+
+    phase: str = "starting"
+    started: float = field(default_factory=time.monotonic)
+    found: dict[str, Any] = field(default_factory=dict)
+    interrupted: str | None = None
+    """The phase the first Ctrl-C came in, once it came."""
+    interrupted_after_s: float | None = None
+    hold: str | None = field(default_factory=lambda: os.environ.get(HOLD_PHASE_ENV) or None)
+
+    def _entered(self, phase: str) -> bool:
+        self.phase = phase
+        _progress(f"phase {phase}")
+        return phase == self.hold
+
+    async def enter(self, phase: str) -> None:
+        if self._entered(phase):
+            await asyncio.sleep(HOLD_PHASE_S)
+
+    def enter_blocking(self, phase: str) -> None:
+        if self._entered(phase):
+            time.sleep(HOLD_PHASE_S)
+
+    def interrupt(self) -> None:
+        if self.interrupted is None:
+            self.interrupted = self.phase
+            self.interrupted_after_s = round(time.monotonic() - self.started, 1)
+
+
+class _Stopper:
+    """Ctrl-C and SIGTERM for a drill, in whatever state the drill inherited them (started in
+    the background by a non-interactive shell, a process begins with SIGINT ignored).
+
+    The first one stops the drill: while its event loop runs, by cancelling the drill's task
+    (the workload stops, the history is closed); while the checker reads the history, or
+    while nodes and namespaces are being set up, by raising KeyboardInterrupt; while the
+    drill is already cleaning up, it only notes it. The clean-up then stops the nodes
+    (:data:`INTERRUPT_NODE_STOP_S`), removes namespaces and mounts, and a partial report is
+    printed. A second one, or :data:`INTERRUPT_GRACE_S` after the first, kills the nodes,
+    removes the namespaces and mounts and exits 130 at once."""
+
+    def __init__(self, state: DrillState) -> None:
+        self.state = state
+        self.mode = "raise"
+        """``raise`` (KeyboardInterrupt), ``cancel`` (the loop's task) or ``note``."""
+        self.cluster: LocalCluster | None = None
+        self.network: netns.Network | None = None
+        self.disks: dict[int, powercut.PowerCutMount] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._signals = 0
+        self._exiting = threading.Lock()
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def run_loop(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` to its end, or until the first Ctrl-C and its clean-up."""
+        loop = asyncio.new_event_loop()
+        try:
+            task = loop.create_task(coro)
+            self._loop, self._task = loop, task
+            self.mode = "cancel"
+            if self.state.interrupted:  # came while the loop was being made
+                task.cancel()
+            try:
+                loop.run_until_complete(task)
+            except asyncio.CancelledError:
+                if not self.state.interrupted:
+                    raise
+            finally:
+                self.mode = "note"
+                self._loop = self._task = None
+                left = asyncio.all_tasks(loop)
+                for t in left:
+                    t.cancel()
+                if left:
+                    loop.run_until_complete(asyncio.wait(left, timeout=TASKS_STOP_S))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            # Also the default executor, without waiting for its threads.
+            loop.close()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            self.exit_now("interrupted again")
+        self.state.interrupt()
+        _progress(f"interrupted during {self.state.phase}: stopping (Ctrl-C again to exit at once)")
+        threading.Thread(target=self._watchdog, name="drill-watchdog", daemon=True).start()
+        if self.mode == "cancel" and self._loop is not None and self._task is not None:
+            self._loop.call_soon_threadsafe(self._task.cancel)
+        elif self.mode == "raise":
+            raise KeyboardInterrupt
+
+    def _watchdog(self) -> None:
+        time.sleep(INTERRUPT_GRACE_S)
+        self.exit_now(
+            f"still stopping {INTERRUPT_GRACE_S:.0f} s after Ctrl-C (in {self.state.phase})"
+        )
+
+    def exit_now(self, why: str) -> None:
+        """Kill the nodes, remove namespaces and mounts, exit 130: nothing is waited for."""
+        if not self._exiting.acquire(blocking=False):
+            return
+        try:
+            if self.cluster is not None:
+                self.cluster.kill_now()
+            for disk in self.disks.values():
+                disk.kill_now()
+            if self.network is not None:
+                self.network.teardown()
+            _progress(f"{why}: nodes killed, namespaces and mounts removed; exiting")
+        finally:
+            sys.stderr.flush()
+            os._exit(130)
+
+
+def run(args: argparse.Namespace, state: DrillState | None = None) -> dict[str, Any]:
+    """Run the drill; its result, partial (``interrupted``) when Ctrl-C stopped it."""
+    state = state or DrillState()
+    stopper = _Stopper(state)
+    # Before anything is made that the handler must remove.
+    stopper.install()
+    try:
+        return _run(args, state, stopper)
+    finally:
+        stopper.restore()
+
+
+def _run(args: argparse.Namespace, state: DrillState, stopper: _Stopper) -> dict[str, Any]:
     out = Path(args.out_dir or tempfile.mkdtemp(prefix="chronomq-drill-")).absolute()
     out.mkdir(parents=True, exist_ok=True)
     network = None
@@ -304,12 +512,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.skew_ready
         else None,
     )
-    # Ctrl-C and SIGTERM stop the drill and everything it started, whatever the drill
-    # inherited: started in the background by a non-interactive shell (as a CI script may
-    # be), a process begins with SIGINT ignored, Python keeps it so, and asyncio.run() then
-    # installs no handler, so SIGINT did nothing and the drill ran its faults to the end.
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stopper.cluster, stopper.network, stopper.disks = cluster, network, disks or {}
     try:
+        state.enter_blocking("starting")
         if network is not None:
             network.setup()
         for disk in (disks or {}).values():
@@ -319,35 +524,70 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{args.nodes} nodes up ({'network namespaces' if network else 'loopback'}); "
             f"running {args.duration:.0f} s"
         )
-        extra = asyncio.run(_drill(args, out, cluster, network, disks))
+        stopper.run_loop(_drill(args, out, cluster, network, state, disks))
+    except KeyboardInterrupt:
+        if not state.interrupted:
+            raise
     finally:
+        # From here a Ctrl-C only notes (a second one, or the watchdog, exits at once).
+        stopper.mode = "note"
+        state.enter_blocking("stopping")
         try:
-            cluster.stop()
+            cluster.stop(INTERRUPT_NODE_STOP_S if state.interrupted else STOP_TIMEOUT_S, final=True)
         finally:
             # After the nodes: a mount still in use would only be detached lazily.
             for disk in (disks or {}).values():
                 disk.stop()
             if network is not None:
                 network.teardown()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-    checked = check(
-        read_history(out / "history.jsonl"),
-        skew_allowance_ms=extra["skew_allowance_ms"],
-        delivery="pop" if args.client == "grpc" else "pull",
-    )
-    result = {
+    history_path = out / "history.jsonl"
+    result: dict[str, Any] = {
         "nodes": args.nodes,
         "client": args.client,
         "seed": args.seed,
         "duration_s": args.duration,
-        "faults": args.faults,
-        **extra,
-        **checked.as_dict(),
+        "skipped_faults": {},
+        "faults_planned": [],
+        "faults_run": [],
+        "findings": [],
+        "skew_allowance_ms": 0,
+        "faults": [],
+        **state.found,
         "out_dir": str(out),
+        "history": str(history_path),
     }
-    if "power_cuts" in extra:
-        result["power_cut_summary"] = _power_summary(result)
+    if state.interrupted is None:
+        stopper.mode = "raise"
+        try:
+            state.enter_blocking("checking")
+            checked = check(
+                read_history(history_path),
+                skew_allowance_ms=result["skew_allowance_ms"],
+                delivery="pop" if args.client == "grpc" else "pull",
+            )
+        except KeyboardInterrupt:
+            if not state.interrupted:
+                raise
+        else:
+            result.update(checked.as_dict())
+            if "power_cuts" in result:
+                result["power_cut_summary"] = _power_summary(result)
+        finally:
+            stopper.mode = "note"
+    elif history_path.exists():
+        # Interrupted before the checker: what the history holds so far, judged as it is.
+        checked = check(
+            read_history(history_path),
+            skew_allowance_ms=result["skew_allowance_ms"],
+            delivery="pop" if args.client == "grpc" else "pull",
+        )
+        result.update(checked.as_dict())
+    if state.interrupted is not None:
+        result["interrupted"] = {
+            "phase": state.interrupted,
+            "after_s": state.interrupted_after_s,
+            "checked": "produced" in result,
+        }
     return result
 
 
@@ -371,6 +611,29 @@ def _power_summary(result: dict[str, Any]) -> dict[str, Any]:
         "gone_acked_ms_before_cut_max": max(gone) if gone else None,
         "async_bound_ms": ASYNC_FLUSH_INTERVAL_MS,
     }
+
+
+def _interrupted(result: dict[str, Any], out: str | None) -> int:
+    """The partial report of a drill stopped by Ctrl-C: what the history held when it
+    stopped (a message acknowledged and not read yet counts as lost there), and where the
+    history and logs are kept (also a temporary directory is kept)."""
+    how = result["interrupted"]
+    print(
+        f"interrupted during {how['phase']} after {how['after_s']} s: partial report "
+        "(acknowledged messages not read before the interrupt count as lost)"
+    )
+    if how["checked"]:
+        _table(result)
+    else:
+        print_rows([("nodes", result["nodes"]), ("seed", result["seed"])])
+    print(f"faults run: {', '.join(result['faults_run']) or 'none'}")
+    write_json(result, out)
+    print(
+        f"chronomq drill: interrupted; everything it started was stopped; history and logs "
+        f"in {result['out_dir']}",
+        file=sys.stderr,
+    )
+    return 130
 
 
 def _table(result: dict[str, Any]) -> None:
@@ -495,6 +758,8 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 3
+    if result.get("interrupted"):
+        return _interrupted(result, args.out)
     _table(result)
     write_json(result, args.out)
     if not args.keep and args.out_dir is None:

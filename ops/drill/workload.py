@@ -55,7 +55,8 @@ class Workload:
     seen: set[str] = field(default_factory=set)
     latency_sink: Any = None
     """Optional ``fn(message: dict, consumed_ms: int)`` for the report's consumed stage."""
-    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    cancel_tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    """The timer cancels waiting for their moment."""
 
     def next_token(self) -> str:
         self.tokens += 1
@@ -108,7 +109,7 @@ class Workload:
                 wait_ms = max(0, extra["deliver_at_ms"] - now_ms() - 500)
                 if wait_ms > 0:
                     delay = self.rng.uniform(0, wait_ms) / 1000
-                    self._tasks.append(asyncio.create_task(self._cancel_later(answer, delay)))
+                    self.cancel_tasks.append(asyncio.create_task(self._cancel_later(answer, delay)))
             nxt += period
             await asyncio.sleep(max(0.0, nxt - time.monotonic()))
 
@@ -217,8 +218,8 @@ class Workload:
         await asyncio.gather(*(self._producer(stop_at) for _ in range(self.config.producers)))
 
     async def wait_cancels(self) -> None:
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.cancel_tasks:
+            await asyncio.gather(*self.cancel_tasks, return_exceptions=True)
 
     async def read_past_sentinels(self, deadline_s: float) -> bool:
         """Write a plain message to every queue, after everything else, and wait until the

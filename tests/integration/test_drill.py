@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import pytest
 
 from chronomq.ops.drill import netns
 from chronomq.ops.drill.history import read_history
+from chronomq.ops.drill.run import HOLD_PHASE_ENV
 from tests.integration.conftest import free_port_base
 
 pytestmark = pytest.mark.integration
@@ -177,31 +180,131 @@ def test_grpc_drill_with_the_official_client_through_a_leader_kill(tmp_path: Pat
     assert not leftover_nodes(tmp_path / "run")
 
 
-def test_ctrl_c_removes_every_process_and_namespace(tmp_path: Path) -> None:
-    faults = "partition-leader,kill-leader" if netns.available()[0] else "kill-leader"
-    proc = subprocess.Popen(
-        drill_cmd(tmp_path, faults, 120, 1),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stderr is not None
-    deadline = time.monotonic() + 120
-    seen = ""
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        seen += line
-        if "[drill] fault" in line or not line:
-            break
-    assert "[drill] fault" in seen, seen
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, seen + err
-    assert not leftover_nodes(tmp_path / "run")
-    if netns.available()[0]:
-        tag = str(proc.pid % 100000)
-        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        assert f"cmq{tag}n" not in names, names
-        links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-        assert f"cmq{tag}br" not in links
-    assert os.path.exists(tmp_path / "run" / "history.jsonl")
+class RunningDrill:
+    """A drill started in the background, its stderr read line by line on a thread."""
+
+    def __init__(self, tmp_path: Path, faults: str, duration: int, hold_phase: str) -> None:
+        self.tmp_path = tmp_path
+        env = {**os.environ, HOLD_PHASE_ENV: hold_phase}
+        self.proc = subprocess.Popen(
+            drill_cmd(tmp_path, faults, duration, 1),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def wait_for(self, text: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            self.seen.append(line)
+            if text in line:
+                return
+        self.proc.kill()
+        raise AssertionError(f"no {text!r} from the drill:\n{''.join(self.seen)}")
+
+    def finish(self, timeout_s: float) -> tuple[float, str, str]:
+        """Wait for the drill to exit: the seconds it took, its stdout and its stderr."""
+        started = time.monotonic()
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        took = time.monotonic() - started
+        assert self.proc.stdout is not None
+        out = self.proc.stdout.read()
+        rest: list[str] = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            rest.append(line)
+        return took, out, "".join(self.seen + rest)
+
+    def assert_nothing_left(self, detail: str) -> None:
+        assert not leftover_nodes(self.tmp_path / "run"), detail
+        if netns.available()[0]:
+            left = netns.Network(3, tag=str(self.proc.pid % 100000)).leftovers()
+            assert not left, f"{left}\n{detail}"
+        mounts = Path("/proc/mounts").read_text()
+        assert str(self.tmp_path / "run") not in mounts, detail
+
+
+# (phase the drill is held in when Ctrl-C comes, the faults it runs). "partition-leader held":
+# the leader is cut off (root: namespaces and nftables); "kill-leader held": the leader is
+# down; "healing": the killed leader is being started again.
+INTERRUPTED_PHASES = [
+    ("warm-up", "kill-leader"),
+    ("partition-leader held", "partition-leader"),
+    ("kill-leader held", "kill-leader"),
+    ("healing", "kill-leader"),
+    ("draining", "kill-leader"),
+    ("checking", "kill-leader"),
+]
+
+
+@pytest.mark.parametrize(("phase", "faults"), INTERRUPTED_PHASES)
+def test_ctrl_c_stops_the_drill_in_every_phase(tmp_path: Path, phase: str, faults: str) -> None:
+    """Ctrl-C in each phase: the drill exits 130 without needing its watchdog (which would
+    exit 9 s after the Ctrl-C), leaves no node, namespace, link or mount behind, and keeps the
+    history and a partial report that names the phase."""
+    if "partition" in faults and not netns.available()[0]:
+        pytest.skip(netns.available()[1])
+    drill = RunningDrill(tmp_path, faults, 8, phase)
+    drill.wait_for(f"[drill] phase {phase}", 120)
+    drill.proc.send_signal(signal.SIGINT)
+    took, out, err = drill.finish(60)
+    detail = f"exited {took:.1f} s after Ctrl-C\n{out}\n{err[-4000:]}"
+    assert drill.proc.returncode == 130, detail
+    assert f"interrupted during {phase}" in err, detail
+    assert "still stopping" not in err, detail
+    assert "Traceback" not in err, detail
+    drill.assert_nothing_left(detail)
+    assert (tmp_path / "run" / "history.jsonl").exists(), detail
+    assert f"interrupted during {phase}" in out, detail
+    report = json.loads((tmp_path / "drill.json").read_text())
+    assert report["interrupted"]["phase"] == phase, detail
+    # The report judged what the history held, except when the Ctrl-C stopped the checker.
+    assert report["interrupted"]["checked"] == (phase != "checking"), detail
+    if phase not in ("warm-up", "checking"):
+        assert report["produced"] > 0, detail
+
+
+def test_a_second_ctrl_c_exits_at_once(tmp_path: Path) -> None:
+    """A second Ctrl-C while the first one's clean-up runs (held there by the test) kills the
+    nodes and removes the namespaces without waiting for it, and the drill exits 130."""
+    faults = "partition-leader" if netns.available()[0] else "kill-leader"
+    drill = RunningDrill(tmp_path, faults, 8, "stopping")
+    drill.wait_for(f"[drill] fault {faults}", 120)
+    drill.proc.send_signal(signal.SIGINT)
+    drill.wait_for("[drill] phase stopping", 30)
+    drill.proc.send_signal(signal.SIGINT)
+    took, out, err = drill.finish(60)
+    detail = f"exited {took:.1f} s after the second Ctrl-C\n{out}\n{err[-4000:]}"
+    assert drill.proc.returncode == 130, detail
+    assert "interrupted again: nodes killed" in err, detail
+    # The nodes were SIGKILLed without being waited for: give the kernel a moment to reap.
+    deadline = time.monotonic() + 10
+    while leftover_nodes(tmp_path / "run") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    drill.assert_nothing_left(detail)
