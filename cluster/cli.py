@@ -10,7 +10,6 @@ import argparse
 import importlib
 import json
 import os
-import signal
 import sys
 import textwrap
 import time
@@ -80,6 +79,7 @@ def cmd_node(args: argparse.Namespace) -> int:
 def cmd_cluster_up(args: argparse.Namespace) -> int:
     from chronomq.cluster.config import ConfigError
     from chronomq.cluster.launcher import LocalCluster, parse_sets
+    from chronomq.cluster.stopping import take_signals
 
     try:
         cluster = LocalCluster(
@@ -100,8 +100,7 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
         nonlocal stopping
         stopping = True
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    take_signals(on_signal)
     cluster.start()
     for i in range(args.nodes):
         print(

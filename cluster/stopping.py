@@ -24,6 +24,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger("chronomq.node")
 
@@ -34,6 +35,19 @@ STOP_DEADLINE_S = 8.0
 EXIT_STOP_DEADLINE = 75
 
 SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+
+
+def take_signals(
+    handler: Callable[[int, Any], object], signals: frozenset[int] = SIGNALS
+) -> dict[int, Any]:
+    """Handle ``signals`` with ``handler`` in this (the main) thread, whatever the process
+    inherited: started in the background by a non-interactive shell, a process begins with
+    SIGINT ignored; started by a supervisor that waits for signals with ``sigwait`` (some CI
+    runners do), with them blocked, and then a Ctrl-C stays pending for ever. The handler is
+    installed and the signals unblocked; the previous handlers are returned."""
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+    return previous
 
 
 def hard_exit(message: str, status: int = EXIT_STOP_DEADLINE) -> None:

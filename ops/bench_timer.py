@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from chronomq.cluster.launcher import LocalCluster, parse_sets
+from chronomq.cluster.stopping import take_signals
 from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
 from chronomq.ops.benchutil import (
     cpu_sample,
@@ -360,7 +361,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     result: dict[str, Any] = {"nodes": args.nodes, "settings": settings}
     _check_ports_free(args.nodes, args.http_port, args.raft_port)
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    previous = take_signals(_terminate, frozenset({signal.SIGTERM}))
     started = time.monotonic()
     try:
         cluster.start()
@@ -379,7 +380,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["digest"] = cluster.wait_converged(120)
     finally:
         cluster.stop()
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous[signal.SIGTERM])
     return result
 
 

@@ -39,6 +39,7 @@ from typing import Any
 from chronomq.cluster.client import Client, ClientError
 from chronomq.cluster.launcher import STOP_TIMEOUT_S, LocalCluster, parse_sets
 from chronomq.cluster.output import print_rows, write_json
+from chronomq.cluster.stopping import take_signals
 from chronomq.ops.drill import faults as faultlib
 from chronomq.ops.drill import netns
 from chronomq.ops.drill.checker import SAFETY, check
@@ -58,7 +59,6 @@ acknowledged within the last CommitLog flush interval."""
 WARMUP_S = 4.0
 QUIET_S = 4.0
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 INTERRUPT_GRACE_S = 9.0
 """After the first Ctrl-C, the time the drill has to stop its workload, nodes, namespaces and
 mounts and to write its partial report; then it exits as at a second Ctrl-C."""
@@ -365,8 +365,8 @@ class DrillState:
 
 
 class _Stopper:
-    """Ctrl-C and SIGTERM for a drill, in whatever state the drill inherited them (started in
-    the background by a non-interactive shell, a process begins with SIGINT ignored).
+    """Ctrl-C and SIGTERM for a drill, in whatever state the drill inherited them (ignored,
+    or blocked: see :func:`~chronomq.cluster.stopping.take_signals`).
 
     The first one stops the drill: while its event loop runs, by cancelling the drill's task
     (the workload stops, the history is closed); while the checker reads the history, or
@@ -390,7 +390,7 @@ class _Stopper:
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
-        self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        self._previous = take_signals(self._handle)
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():

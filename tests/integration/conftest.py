@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -202,3 +203,12 @@ def answers_fit_the_spec() -> Iterator[None]:
     with spec_check.watch() as found:
         yield
     assert not found, "answers outside /openapi.json:\n" + "\n".join(sorted(set(found))[:20])
+
+
+def stop_signals_blocked_and_ignored() -> None:
+    """A ``preexec_fn``: the child begins with SIGINT and SIGTERM blocked and SIGINT ignored,
+    as a process started in the background by a CI runner may (a drill started so ran on
+    through every Ctrl-C: the signal stayed pending). Commands that stop on Ctrl-C must take
+    their signals back."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

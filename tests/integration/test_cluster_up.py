@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import free_port_base
+from tests.integration.conftest import free_port_base, stop_signals_blocked_and_ignored
 
 pytestmark = pytest.mark.integration
 
@@ -66,7 +66,12 @@ def test_cluster_up_prints_urls_and_ready_then_stops_cleanly(tmp_path: Path) -> 
     ]
     env = {**os.environ, "CHRONOMQ_AUTH_TOKEN": TOKEN}
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        preexec_fn=stop_signals_blocked_and_ignored,
     )
     lines: list[str] = []
     try:

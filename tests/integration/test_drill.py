@@ -18,7 +18,7 @@ import pytest
 from chronomq.ops.drill import netns
 from chronomq.ops.drill.history import read_history
 from chronomq.ops.drill.run import HOLD_PHASE_ENV
-from tests.integration.conftest import free_port_base
+from tests.integration.conftest import free_port_base, stop_signals_blocked_and_ignored
 
 pytestmark = pytest.mark.integration
 
@@ -181,7 +181,8 @@ def test_grpc_drill_with_the_official_client_through_a_leader_kill(tmp_path: Pat
 
 
 class RunningDrill:
-    """A drill started in the background, its stderr read line by line on a thread."""
+    """A drill started in the background (with its stop signals blocked and ignored, see
+    :func:`stop_signals_blocked_and_ignored`), its stderr read on a thread."""
 
     def __init__(self, tmp_path: Path, faults: str, duration: int, hold_phase: str) -> None:
         self.tmp_path = tmp_path
@@ -192,6 +193,7 @@ class RunningDrill:
             stderr=subprocess.PIPE,
             text=True,
             env=env,
+            preexec_fn=stop_signals_blocked_and_ignored,
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.seen: list[str] = []
