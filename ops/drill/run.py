@@ -23,28 +23,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Coroutine
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from chronomq.cluster.client import Client, ClientError
 from chronomq.cluster.launcher import STOP_TIMEOUT_S, LocalCluster, parse_sets
 from chronomq.cluster.output import print_rows, write_json
-from chronomq.cluster.stopping import take_signals
 from chronomq.ops.drill import faults as faultlib
 from chronomq.ops.drill import netns
 from chronomq.ops.drill.checker import SAFETY, check
 from chronomq.ops.drill.grpc_workload import GrpcWorkload
 from chronomq.ops.drill.history import History, now_ms, read_history
+from chronomq.ops.drill.interrupt import (
+    GRPC_CLOSE_S,
+    INTERRUPT_NODE_STOP_S,
+    TASKS_STOP_S,
+    DrillState,
+    Stopper,
+)
+from chronomq.ops.drill.interrupt import progress as _progress
 from chronomq.ops.drill.powercut import mount as powercut
 from chronomq.ops.drill.workload import TOPIC, Workload, WorkloadConfig
 from chronomq.schedule.levels import DelayLevelTable
@@ -58,20 +60,6 @@ ASYNC_FLUSH_INTERVAL_MS = 500
 acknowledged within the last CommitLog flush interval."""
 WARMUP_S = 4.0
 QUIET_S = 4.0
-
-INTERRUPT_GRACE_S = 9.0
-"""After the first Ctrl-C, the time the drill has to stop its workload, nodes, namespaces and
-mounts and to write its partial report; then it exits as at a second Ctrl-C."""
-TASKS_STOP_S = 1.0
-"""Interrupted: how long the workload's tasks get to end once cancelled."""
-GRPC_CLOSE_S = 2.0
-"""Interrupted or not: how long the official clients get to shut down."""
-INTERRUPT_NODE_STOP_S = 2.0
-"""Interrupted: SIGTERM to SIGKILL for the nodes (they flush their ops logs on SIGTERM)."""
-
-
-def _progress(msg: str) -> None:
-    print(f"[drill] {msg}", file=sys.stderr, flush=True)
 
 
 def _event_writer(directory: Path) -> Any:
@@ -323,146 +311,10 @@ def _brief(detail: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in keep.items())
 
 
-HOLD_PHASE_ENV = "CHRONOMQ_DRILL_HOLD_PHASE"
-"""For tests: the drill waits up to :data:`HOLD_PHASE_S` when it enters the phase this names
-(``warm-up``, ``fault kill-leader``, ``kill-leader held``, ``healing``, ``draining``,
-``checking``, ``stopping``, ...; every phase is announced as ``[drill] phase NAME``), so that
-a Ctrl-C can be sent while it is in that phase. A Ctrl-C ends the wait, except in
-``stopping`` (the clean-up), where only a second one or the watchdog ends the drill."""
-HOLD_PHASE_S = 60.0
-
-
-@dataclass
-class DrillState:
-    """Where a drill is, whether it was interrupted, and what it found so far (the partial
-    report of an interrupted drill is made of it)."""
-
-    phase: str = "starting"
-    started: float = field(default_factory=time.monotonic)
-    found: dict[str, Any] = field(default_factory=dict)
-    interrupted: str | None = None
-    """The phase the first Ctrl-C came in, once it came."""
-    interrupted_after_s: float | None = None
-    hold: str | None = field(default_factory=lambda: os.environ.get(HOLD_PHASE_ENV) or None)
-
-    def _entered(self, phase: str) -> bool:
-        self.phase = phase
-        _progress(f"phase {phase}")
-        return phase == self.hold
-
-    async def enter(self, phase: str) -> None:
-        if self._entered(phase):
-            await asyncio.sleep(HOLD_PHASE_S)
-
-    def enter_blocking(self, phase: str) -> None:
-        if self._entered(phase):
-            time.sleep(HOLD_PHASE_S)
-
-    def interrupt(self) -> None:
-        if self.interrupted is None:
-            self.interrupted = self.phase
-            self.interrupted_after_s = round(time.monotonic() - self.started, 1)
-
-
-class _Stopper:
-    """Ctrl-C and SIGTERM for a drill, in whatever state the drill inherited them (ignored,
-    or blocked: see :func:`~chronomq.cluster.stopping.take_signals`).
-
-    The first one stops the drill: while its event loop runs, by cancelling the drill's task
-    (the workload stops, the history is closed); while the checker reads the history, or
-    while nodes and namespaces are being set up, by raising KeyboardInterrupt; while the
-    drill is already cleaning up, it only notes it. The clean-up then stops the nodes
-    (:data:`INTERRUPT_NODE_STOP_S`), removes namespaces and mounts, and a partial report is
-    printed. A second one, or :data:`INTERRUPT_GRACE_S` after the first, kills the nodes,
-    removes the namespaces and mounts and exits 130 at once."""
-
-    def __init__(self, state: DrillState) -> None:
-        self.state = state
-        self.mode = "raise"
-        """``raise`` (KeyboardInterrupt), ``cancel`` (the loop's task) or ``note``."""
-        self.cluster: LocalCluster | None = None
-        self.network: netns.Network | None = None
-        self.disks: dict[int, powercut.PowerCutMount] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task[Any] | None = None
-        self._signals = 0
-        self._exiting = threading.Lock()
-        self._previous: dict[int, Any] = {}
-
-    def install(self) -> None:
-        self._previous = take_signals(self._handle)
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
-
-    def run_loop(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Run ``coro`` to its end, or until the first Ctrl-C and its clean-up."""
-        loop = asyncio.new_event_loop()
-        try:
-            task = loop.create_task(coro)
-            self._loop, self._task = loop, task
-            self.mode = "cancel"
-            if self.state.interrupted:  # came while the loop was being made
-                task.cancel()
-            try:
-                loop.run_until_complete(task)
-            except asyncio.CancelledError:
-                if not self.state.interrupted:
-                    raise
-            finally:
-                self.mode = "note"
-                self._loop = self._task = None
-                left = asyncio.all_tasks(loop)
-                for t in left:
-                    t.cancel()
-                if left:
-                    loop.run_until_complete(asyncio.wait(left, timeout=TASKS_STOP_S))
-                loop.run_until_complete(loop.shutdown_asyncgens())
-        finally:
-            # Also the default executor, without waiting for its threads.
-            loop.close()
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self._signals += 1
-        if self._signals > 1:
-            self.exit_now("interrupted again")
-        self.state.interrupt()
-        _progress(f"interrupted during {self.state.phase}: stopping (Ctrl-C again to exit at once)")
-        threading.Thread(target=self._watchdog, name="drill-watchdog", daemon=True).start()
-        if self.mode == "cancel" and self._loop is not None and self._task is not None:
-            self._loop.call_soon_threadsafe(self._task.cancel)
-        elif self.mode == "raise":
-            raise KeyboardInterrupt
-
-    def _watchdog(self) -> None:
-        time.sleep(INTERRUPT_GRACE_S)
-        self.exit_now(
-            f"still stopping {INTERRUPT_GRACE_S:.0f} s after Ctrl-C (in {self.state.phase})"
-        )
-
-    def exit_now(self, why: str) -> None:
-        """Kill the nodes, remove namespaces and mounts, exit 130: nothing is waited for."""
-        if not self._exiting.acquire(blocking=False):
-            return
-        try:
-            if self.cluster is not None:
-                self.cluster.kill_now()
-            for disk in self.disks.values():
-                disk.kill_now()
-            if self.network is not None:
-                self.network.teardown()
-            _progress(f"{why}: nodes killed, namespaces and mounts removed; exiting")
-        finally:
-            sys.stderr.flush()
-            os._exit(130)
-
-
 def run(args: argparse.Namespace, state: DrillState | None = None) -> dict[str, Any]:
     """Run the drill; its result, partial (``interrupted``) when Ctrl-C stopped it."""
     state = state or DrillState()
-    stopper = _Stopper(state)
+    stopper = Stopper(state)
     # Before anything is made that the handler must remove.
     stopper.install()
     try:
@@ -471,7 +323,7 @@ def run(args: argparse.Namespace, state: DrillState | None = None) -> dict[str, 
         stopper.restore()
 
 
-def _run(args: argparse.Namespace, state: DrillState, stopper: _Stopper) -> dict[str, Any]:
+def _run(args: argparse.Namespace, state: DrillState, stopper: Stopper) -> dict[str, Any]:
     out = Path(args.out_dir or tempfile.mkdtemp(prefix="chronomq-drill-")).absolute()
     out.mkdir(parents=True, exist_ok=True)
     network = None
@@ -556,32 +408,29 @@ def _run(args: argparse.Namespace, state: DrillState, stopper: _Stopper) -> dict
         "out_dir": str(out),
         "history": str(history_path),
     }
-    if state.interrupted is None:
-        stopper.mode = "raise"
-        try:
-            state.enter_blocking("checking")
-            checked = check(
-                read_history(history_path),
-                skew_allowance_ms=result["skew_allowance_ms"],
-                delivery="pop" if args.client == "grpc" else "pull",
-            )
-        except KeyboardInterrupt:
-            if not state.interrupted:
-                raise
-        else:
-            result.update(checked.as_dict())
-            if "power_cuts" in result:
-                result["power_cut_summary"] = _power_summary(result)
-        finally:
-            stopper.mode = "note"
-    elif history_path.exists():
-        # Interrupted before the checker: what the history holds so far, judged as it is.
+
+    def judge() -> None:
         checked = check(
             read_history(history_path),
             skew_allowance_ms=result["skew_allowance_ms"],
             delivery="pop" if args.client == "grpc" else "pull",
         )
         result.update(checked.as_dict())
+        if "power_cuts" in result:
+            result["power_cut_summary"] = _power_summary(result)
+
+    if state.interrupted is None:
+        stopper.mode = "raise"
+        try:
+            state.enter_blocking("checking")
+            judge()
+        except KeyboardInterrupt:
+            if not state.interrupted:
+                raise
+        finally:
+            stopper.mode = "note"
+    elif history_path.exists():
+        judge()  # interrupted before the checker: the history so far, judged as it is
     if state.interrupted is not None:
         result["interrupted"] = {
             "phase": state.interrupted,

@@ -17,7 +17,7 @@ import pytest
 
 from chronomq.ops.drill import netns
 from chronomq.ops.drill.history import read_history
-from chronomq.ops.drill.run import HOLD_PHASE_ENV
+from chronomq.ops.drill.interrupt import HOLD_PHASE_ENV
 from tests.integration.conftest import free_port_base, stop_signals_blocked_and_ignored
 
 pytestmark = pytest.mark.integration
