@@ -7,7 +7,8 @@ nodes and namespaces are being set up, by raising KeyboardInterrupt; while the d
 already cleaning up, it only notes it. The clean-up then stops the nodes
 (:data:`INTERRUPT_NODE_STOP_S`), removes namespaces and mounts, and the drill prints a partial
 report. A second signal, or :data:`INTERRUPT_GRACE_S` after the first, kills the nodes,
-removes the namespaces and mounts and exits 130 at once.
+removes the namespaces and mounts and exits at once. The exit status is 128 + the signal's
+number: 130 for Ctrl-C, 143 for SIGTERM.
 
 The signals are taken back whatever the drill inherited (ignored, or blocked: see
 :func:`~chronomq.cluster.stopping.take_signals`).
@@ -65,6 +66,8 @@ class DrillState:
     interrupted: str | None = None
     """The phase the first Ctrl-C came in, once it came."""
     interrupted_after_s: float | None = None
+    signal_number: int | None = None
+    """The first stop signal's number, once it came."""
     hold: str | None = field(default_factory=lambda: os.environ.get(HOLD_PHASE_ENV) or None)
 
     def _entered(self, phase: str) -> bool:
@@ -80,8 +83,9 @@ class DrillState:
         if self._entered(phase):
             time.sleep(HOLD_PHASE_S)
 
-    def interrupt(self) -> None:
+    def interrupt(self, signum: int) -> None:
         if self.interrupted is None:
+            self.signal_number = signum
             self.interrupted = self.phase
             self.interrupted_after_s = round(time.monotonic() - self.started, 1)
 
@@ -144,7 +148,7 @@ class Stopper:
         self._signals += 1
         if self._signals > 1:
             self.exit_now("interrupted again")
-        self.state.interrupt()
+        self.state.interrupt(signum)
         progress(f"interrupted during {self.state.phase}: stopping (Ctrl-C again to exit at once)")
         threading.Thread(target=self._watchdog, name="drill-watchdog", daemon=True).start()
         if self.mode == "cancel" and self._loop is not None and self._task is not None:
@@ -159,7 +163,7 @@ class Stopper:
         )
 
     def exit_now(self, why: str) -> None:
-        """Kill the nodes, remove namespaces and mounts, exit 130: nothing is waited for."""
+        """Kill the nodes, remove namespaces and mounts, exit: nothing is waited for."""
         if not self._exiting.acquire(blocking=False):
             return
         try:
@@ -172,4 +176,4 @@ class Stopper:
             progress(f"{why}: nodes killed, namespaces and mounts removed; exiting")
         finally:
             sys.stderr.flush()
-            os._exit(130)
+            os._exit(128 + (self.state.signal_number or signal.SIGINT))

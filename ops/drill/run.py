@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -433,6 +434,7 @@ def _run(args: argparse.Namespace, state: DrillState, stopper: Stopper) -> dict[
         judge()  # interrupted before the checker: the history so far, judged as it is
     if state.interrupted is not None:
         result["interrupted"] = {
+            "signal": state.signal_number,
             "phase": state.interrupted,
             "after_s": state.interrupted_after_s,
             "checked": "produced" in result,
@@ -482,7 +484,7 @@ def _interrupted(result: dict[str, Any], out: str | None) -> int:
         f"in {result['out_dir']}",
         file=sys.stderr,
     )
-    return 130
+    return 128 + int(how["signal"] or signal.SIGINT)
 
 
 def _table(result: dict[str, Any]) -> None:

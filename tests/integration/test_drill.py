@@ -252,32 +252,34 @@ class RunningDrill:
         assert str(self.tmp_path / "run") not in mounts, detail
 
 
-# (phase the drill is held in when Ctrl-C comes, the faults it runs). "partition-leader held":
-# the leader is cut off (root: namespaces and nftables); "kill-leader held": the leader is
-# down; "healing": the killed leader is being started again.
+# (phase the drill is held in when the signal comes, the faults it runs, the signal).
+# "partition-leader held": the leader is cut off (root: namespaces and nftables);
+# "kill-leader held": the leader is down; "healing": the killed leader is being started again.
 INTERRUPTED_PHASES = [
-    ("warm-up", "kill-leader"),
-    ("partition-leader held", "partition-leader"),
-    ("kill-leader held", "kill-leader"),
-    ("healing", "kill-leader"),
-    ("draining", "kill-leader"),
-    ("checking", "kill-leader"),
+    ("warm-up", "kill-leader", signal.SIGTERM),
+    ("partition-leader held", "partition-leader", signal.SIGINT),
+    ("kill-leader held", "kill-leader", signal.SIGINT),
+    ("healing", "kill-leader", signal.SIGINT),
+    ("draining", "kill-leader", signal.SIGINT),
+    ("checking", "kill-leader", signal.SIGINT),
 ]
 
 
-@pytest.mark.parametrize(("phase", "faults"), INTERRUPTED_PHASES)
-def test_ctrl_c_stops_the_drill_in_every_phase(tmp_path: Path, phase: str, faults: str) -> None:
-    """Ctrl-C in each phase: the drill exits 130 without needing its watchdog (which would
-    exit 9 s after the Ctrl-C), leaves no node, namespace, link or mount behind, and keeps the
-    history and a partial report that names the phase."""
+@pytest.mark.parametrize(("phase", "faults", "sig"), INTERRUPTED_PHASES)
+def test_ctrl_c_stops_the_drill_in_every_phase(
+    tmp_path: Path, phase: str, faults: str, sig: signal.Signals
+) -> None:
+    """Ctrl-C (SIGTERM alike) in each phase: the drill exits 128 + the signal without needing
+    its watchdog (which would exit 9 s after the signal), leaves no node, namespace, link or
+    mount behind, and keeps the history and a partial report that names the phase."""
     if "partition" in faults and not netns.available()[0]:
         pytest.skip(netns.available()[1])
     drill = RunningDrill(tmp_path, faults, 8, phase)
     drill.wait_for(f"[drill] phase {phase}", 120)
-    drill.proc.send_signal(signal.SIGINT)
+    drill.proc.send_signal(sig)
     took, out, err = drill.finish(60)
-    detail = f"exited {took:.1f} s after Ctrl-C\n{out}\n{err[-4000:]}"
-    assert drill.proc.returncode == 130, detail
+    detail = f"exited {took:.1f} s after {sig.name}\n{out}\n{err[-4000:]}"
+    assert drill.proc.returncode == 128 + sig, detail
     assert f"interrupted during {phase}" in err, detail
     assert "still stopping" not in err, detail
     assert "Traceback" not in err, detail
@@ -286,7 +288,8 @@ def test_ctrl_c_stops_the_drill_in_every_phase(tmp_path: Path, phase: str, fault
     assert f"interrupted during {phase}" in out, detail
     report = json.loads((tmp_path / "drill.json").read_text())
     assert report["interrupted"]["phase"] == phase, detail
-    # The report judged what the history held, except when the Ctrl-C stopped the checker.
+    assert report["interrupted"]["signal"] == sig, detail
+    # The report judged what the history held, except when the signal stopped the checker.
     assert report["interrupted"]["checked"] == (phase != "checking"), detail
     if phase not in ("warm-up", "checking"):
         assert report["produced"] > 0, detail
