@@ -29,6 +29,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,10 +130,8 @@ async def _drill(
     history = History(out / "history.jsonl")
     events = _event_writer(out / "logs")
     stop_consumers = asyncio.Event()
-    found = state.found
-    grpc_workload: GrpcWorkload | None = None
+    workload: Workload | GrpcWorkload | None = None
     tasks: list[asyncio.Task[Any]] = []
-    side_tasks: list[asyncio.Task[None]] = []
     try:
         async with Client(
             cluster.urls,
@@ -144,147 +143,186 @@ async def _drill(
             try:
                 await state.enter("waiting for a leader")
                 await faultlib.wait_leader(cluster, 60)
-                kinds = ["plain", "level", "timer"]
-                if not await _timers_supported(client):
-                    _progress("this broker does not accept timers (deliver_at_ms); skipping them")
-                    kinds.remove("timer")
-                config = WorkloadConfig(rate=args.rate, kinds=tuple(kinds))
-                workload: Workload | GrpcWorkload
-                if args.client == "grpc":
-                    workload = GrpcWorkload(
-                        cluster.grpc_endpoints,
-                        history,
-                        workload_rng,
-                        args.seed,
-                        _level_delays_ms(args),
-                        token=cluster.auth_token,
-                        config=config,
-                    )
-                    grpc_workload = workload
-                    await workload.start()
-                else:
-                    workload = Workload(client, history, workload_rng, args.seed, config)
+                workload = await _start_workload(args, cluster, client, history, workload_rng)
                 consumers = workload.start_consumers(stop_consumers)
                 tasks.extend(consumers)
-                side_tasks = workload.cancel_tasks
-
-                def record(type_: str, **detail: Any) -> None:
-                    rec = history.add("fault", type_, **detail)
-                    _record_event(
-                        events,
-                        {
-                            "phase": type_,
-                            **{k: v for k, v in rec.items() if k not in ("op", "type")},
-                        },
-                    )
-                    if type_ == "start":
-                        _progress(f"fault {detail.get('fault')} {detail}")
-                    elif type_ == "disruption":
-                        _progress(f"  {detail.get('fault')} {detail.get('step')}: {_brief(detail)}")
-
                 ctx = faultlib.FaultContext(
                     cluster=cluster,
                     rng=rng,
                     network=ctx_net,
-                    record=record,
+                    record=_recorder(history, events),
                     burst=workload.burst,
                     hold_s=args.hold,
                     disks=disks,
                     enter=state.enter,
                 )
-                skipped: dict[str, str] = {}
-                runnable = []
-                for name in args.faults:
-                    why = faultlib.unavailable_reason(name, ctx_net, args.skew_ready, disks)
-                    if why:
-                        skipped[name] = why
-                        _progress(f"skipping {name}: {why}")
-                    else:
-                        runnable.append(name)
-                order = plan_faults(runnable, args.duration, args.hold, rng) if runnable else []
-                ran: list[str] = []
-                findings: list[str] = []
-                power_cuts: list[dict[str, Any]] = []
-                found.update(
-                    skipped_faults=skipped,
-                    faults_planned=order,
-                    faults_run=ran,
-                    findings=findings,
-                    skew_allowance_ms=0,
-                )
-                if disks:
-                    found["power_cuts"] = power_cuts
-                _progress(f"seed {args.seed}; faults in order: {', '.join(order) or 'none'}")
+                order = _plan(args, ctx, state.found)
                 producing = asyncio.create_task(workload.run_producers(args.duration))
                 tasks.append(producing)
-                started = time.monotonic()
-                await state.enter("warm-up")
-                await asyncio.sleep(WARMUP_S)
-                try:
-                    for name in order:
-                        if time.monotonic() - started > args.duration:
-                            break
-                        await state.enter(f"fault {name}")
-                        detail = await faultlib.inject(name, ctx)
-                        ran.append(name)
-                        if name in faultlib.POWER:
-                            power_cuts.append(detail)
-                        findings.extend(f"{name}: {f}" for f in detail.get("findings", []))
-                        found["skew_allowance_ms"] = ctx.skew_ms + 50 if ctx.skew_ms else 0
-                        await state.enter("quiet")
-                        await faultlib.wait_leader(cluster, 60)
-                        await asyncio.sleep(QUIET_S)
-                except (RuntimeError, TimeoutError) as exc:
-                    # A node that exits by itself, or a cluster that stays leaderless, ends the
-                    # faults; the history is still checked and the run fails.
-                    found["aborted"] = str(exc)
-                    _progress(f"faults stopped: {exc}")
-                finally:
-                    # Not when interrupted: the clean-up removes whatever the healers restore
-                    # (a re-add alone may take seconds), and must not wait for them.
-                    if not state.interrupted:
-                        for heal in list(ctx.healers):
-                            heal()
+                await _run_faults(args, ctx, order, state)
                 await producing
                 await workload.wait_cancels()
-                await state.enter("draining")
-                _progress(f"producers stopped after {history.count} records; draining")
-                drain_deadline = time.monotonic() + 60
-                while workload.outstanding() and time.monotonic() < drain_deadline:
-                    await asyncio.sleep(0.2)
-                # A late duplicate must show up before judging: a sentinel per queue, written after
-                # everything else, and the consumers reading past it, say the queues were read to
-                # their ends.
-                await workload.read_past_sentinels(deadline_s=30)
+                await _drain(workload, history, state)
                 stop_consumers.set()
                 await asyncio.gather(*consumers, return_exceptions=True)
-                await state.enter("converging")
-                try:
-                    await faultlib.wait_converged(cluster, 60)
-                    found["replicas_converged"] = True
-                    # What the converged log holds, read again from the start (the HTTP
-                    # workload's consumers read by offset; pop consumption has no offsets to
-                    # read again, its acks are the record).
-                    if isinstance(workload, Workload):
-                        found["final_read"] = await workload.final_read()
-                except TimeoutError as exc:
-                    found["replicas_converged"] = False
-                    _progress(f"replicas differ: {exc}")
+                await _converge(workload, cluster, state)
             finally:
                 # Before the client closes: a consumer still reading would fail on it.
                 stop_consumers.set()
-                await _stop_tasks([*tasks, *side_tasks])
+                await _stop_tasks([*tasks, *(workload.cancel_tasks if workload else [])])
     finally:
         try:
-            if grpc_workload is not None:
+            if isinstance(workload, GrpcWorkload):
                 try:
-                    await asyncio.wait_for(grpc_workload.close(), GRPC_CLOSE_S)
+                    await asyncio.wait_for(workload.close(), GRPC_CLOSE_S)
                 except TimeoutError:
                     _progress(f"the gRPC clients did not shut down within {GRPC_CLOSE_S:.0f} s")
         finally:
             history.close()
             if events is not None:
                 events.close()
+
+
+async def _start_workload(
+    args: argparse.Namespace,
+    cluster: LocalCluster,
+    client: Client,
+    history: History,
+    rng: random.Random,
+) -> Workload | GrpcWorkload:
+    """The HTTP or gRPC workload, started (timers left out where the broker refuses them)."""
+    kinds = ["plain", "level", "timer"]
+    if not await _timers_supported(client):
+        _progress("this broker does not accept timers (deliver_at_ms); skipping them")
+        kinds.remove("timer")
+    config = WorkloadConfig(rate=args.rate, kinds=tuple(kinds))
+    if args.client != "grpc":
+        return Workload(client, history, rng, args.seed, config)
+    workload = GrpcWorkload(
+        cluster.grpc_endpoints,
+        history,
+        rng,
+        args.seed,
+        _level_delays_ms(args),
+        token=cluster.auth_token,
+        config=config,
+    )
+    try:
+        await workload.start()
+    except BaseException:
+        await asyncio.wait_for(workload.close(), GRPC_CLOSE_S)
+        raise
+    return workload
+
+
+def _recorder(history: History, events: Any) -> Callable[..., None]:
+    """A fault's ``record(type, **detail)``: to the history, the drill's event log and, for
+    starts and disruptions, a progress line."""
+
+    def record(type_: str, **detail: Any) -> None:
+        rec = history.add("fault", type_, **detail)
+        _record_event(
+            events, {"phase": type_, **{k: v for k, v in rec.items() if k not in ("op", "type")}}
+        )
+        if type_ == "start":
+            _progress(f"fault {detail.get('fault')} {detail}")
+        elif type_ == "disruption":
+            _progress(f"  {detail.get('fault')} {detail.get('step')}: {_brief(detail)}")
+
+    return record
+
+
+def _plan(args: argparse.Namespace, ctx: faultlib.FaultContext, found: dict[str, Any]) -> list[str]:
+    """The faults to run, in order (those that cannot run here are skipped, each said once);
+    the plan goes to ``found``, with the lists the fault loop fills."""
+    skipped: dict[str, str] = {}
+    runnable = []
+    for name in args.faults:
+        why = faultlib.unavailable_reason(name, ctx.network, args.skew_ready, ctx.disks)
+        if why:
+            skipped[name] = why
+            _progress(f"skipping {name}: {why}")
+        else:
+            runnable.append(name)
+    order = plan_faults(runnable, args.duration, args.hold, ctx.rng) if runnable else []
+    found.update(
+        skipped_faults=skipped,
+        faults_planned=order,
+        faults_run=[],
+        findings=[],
+        skew_allowance_ms=0,
+    )
+    if ctx.disks:
+        found["power_cuts"] = []
+    _progress(f"seed {args.seed}; faults in order: {', '.join(order) or 'none'}")
+    return order
+
+
+async def _run_faults(
+    args: argparse.Namespace, ctx: faultlib.FaultContext, order: list[str], state: DrillState
+) -> None:
+    """The warm-up, then each fault of ``order`` and a quiet period after it, until the
+    drill's duration is over; each fault healed before the next."""
+    found = state.found
+    started = time.monotonic()
+    await state.enter("warm-up")
+    await asyncio.sleep(WARMUP_S)
+    try:
+        for name in order:
+            if time.monotonic() - started > args.duration:
+                break
+            await state.enter(f"fault {name}")
+            detail = await faultlib.inject(name, ctx)
+            found["faults_run"].append(name)
+            if name in faultlib.POWER:
+                found["power_cuts"].append(detail)
+            found["findings"].extend(f"{name}: {f}" for f in detail.get("findings", []))
+            found["skew_allowance_ms"] = ctx.skew_ms + 50 if ctx.skew_ms else 0
+            await state.enter("quiet")
+            await faultlib.wait_leader(ctx.cluster, 60)
+            await asyncio.sleep(QUIET_S)
+    except (RuntimeError, TimeoutError) as exc:
+        # A node that exits by itself, or a cluster that stays leaderless, ends the faults;
+        # the history is still checked and the run fails.
+        found["aborted"] = str(exc)
+        _progress(f"faults stopped: {exc}")
+    finally:
+        # Not when interrupted: the clean-up removes whatever the healers restore (a re-add
+        # alone may take seconds), and must not wait for them.
+        if not state.interrupted:
+            for heal in list(ctx.healers):
+                heal()
+
+
+async def _drain(workload: Workload | GrpcWorkload, history: History, state: DrillState) -> None:
+    """Let the consumers read what was acknowledged, then past a sentinel per queue."""
+    await state.enter("draining")
+    _progress(f"producers stopped after {history.count} records; draining")
+    drain_deadline = time.monotonic() + 60
+    while workload.outstanding() and time.monotonic() < drain_deadline:
+        await asyncio.sleep(0.2)
+    # A late duplicate must show up before judging: a sentinel per queue, written after
+    # everything else, and the consumers reading past it, say the queues were read to their
+    # ends.
+    await workload.read_past_sentinels(deadline_s=30)
+
+
+async def _converge(
+    workload: Workload | GrpcWorkload, cluster: LocalCluster, state: DrillState
+) -> None:
+    """Wait for the replicas to agree, and read the converged log again from the start."""
+    await state.enter("converging")
+    try:
+        await faultlib.wait_converged(cluster, 60)
+        state.found["replicas_converged"] = True
+        # What the converged log holds, read again from the start (the HTTP workload's
+        # consumers read by offset; pop consumption has no offsets to read again, its acks
+        # are the record).
+        if isinstance(workload, Workload):
+            state.found["final_read"] = await workload.final_read()
+    except TimeoutError as exc:
+        state.found["replicas_converged"] = False
+        _progress(f"replicas differ: {exc}")
 
 
 async def _stop_tasks(tasks: list[asyncio.Task[Any]]) -> None:
