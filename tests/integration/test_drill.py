@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -207,15 +208,20 @@ class RunningDrill:
             self.lines.put(line)
         self.lines.put(None)
 
-    def wait_for(self, text: str, timeout_s: float) -> None:
+    def _lines(self, timeout_s: float) -> Iterator[str]:
+        """The stderr lines that come within ``timeout_s``, until the drill closes it."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
                 line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                break
+                return
             if line is None:
-                break
+                return
+            yield line
+
+    def wait_for(self, text: str, timeout_s: float) -> None:
+        for line in self._lines(timeout_s):
             self.seen.append(line)
             if text in line:
                 return
@@ -233,17 +239,7 @@ class RunningDrill:
         took = time.monotonic() - started
         assert self.proc.stdout is not None
         out = self.proc.stdout.read()
-        rest: list[str] = []
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            try:
-                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if line is None:
-                break
-            rest.append(line)
-        return took, out, "".join(self.seen + rest)
+        return took, out, "".join([*self.seen, *self._lines(5)])
 
     def assert_nothing_left(self, detail: str) -> None:
         assert not leftover_nodes(self.tmp_path / "run"), detail
