@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import signal
 import socket
@@ -37,26 +38,52 @@ def ephemeral_ports() -> range:
         return range(32768, 61000)
 
 
+HTTP_PORTS = range(10000, 19000)
+"""Where test clusters' HTTP ports (and their gRPC ports, HTTP + 100) are chosen."""
+RAFT_PORTS = range(20000, 31000)
+"""Where test clusters' Raft ports (and their catch-up ports, Raft + 1000) are chosen."""
+_handed_out: set[int] = set()
+"""Every port :func:`free_port_base` gave out in this process: a cluster whose node is down
+leaves its ports free, and another cluster of the same test must not take them."""
+
+
+def _worker_slice(ports: range, reach: int) -> range:
+    """The bases this pytest-xdist worker chooses from, so that no port a base reaches (up to
+    ``base + reach``) lies in another worker's share. Without it, one worker's cluster took a
+    Raft port that was another's catch-up port while that node was down (a power cut), and
+    the node could not listen again when it restarted."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
+    index = int(name[2:]) % count if name.startswith("gw") and name[2:].isdigit() else 0
+    share = len(ports) // count
+    low = ports.start + index * share
+    return range(low, low + share - reach)
+
+
 def free_port_base(nodes: int, rng: random.Random) -> tuple[int, int]:
-    """An HTTP base and a Raft base such that every port a cluster needs is free.
+    """An HTTP base and a Raft base such that every port a cluster needs is free, in this
+    test process's share of the ranges, and not given out before in this process.
 
     Ports lie outside the kernel's ephemeral range (32768-60999 by default) where it leaves
     room: a port in that range can be taken by some outgoing connection (a peer's, even)
     while a node is down or before it binds, and the node then cannot listen.
     """
     ephemeral = ephemeral_ports()
+    https = _worker_slice(HTTP_PORTS, 100 + nodes)
+    rafts = _worker_slice(RAFT_PORTS, 1000 + nodes)
     for attempt in range(400):
-        http = rng.randrange(10000, 19000)
-        raft = rng.randrange(20000, 31000)
+        http = rng.choice(https)
+        raft = rng.choice(rafts)
         ports = (
             [http + i for i in range(nodes)]
             + [http + 100 + i for i in range(nodes)]  # gRPC: HTTP + 100 by default
             + [raft + i for i in range(nodes)]
             + [raft + 1000 + i for i in range(nodes)]
         )
-        if attempt < 200 and any(p in ephemeral for p in ports):
-            continue  # the kernel's range covers these: try others first
+        if attempt < 200 and any(p in ephemeral or p in _handed_out for p in ports):
+            continue  # the kernel's range covers these, or a cluster here had them: others first
         if all(_bindable(p) for p in ports):
+            _handed_out.update(ports)
             return http, raft
     raise RuntimeError("no free port range found")
 
