@@ -30,6 +30,7 @@ from chronomq.cluster.nodelogs import install_metrics as install_log_metrics
 from chronomq.cluster.rocketmq.endpoint import GrpcEndpoint
 from chronomq.cluster.services import close_services, start_services
 from chronomq.cluster.stopping import StopSignals
+from chronomq.raftlog.catchup import ListenError
 from chronomq.raftlog.clock import SkewedClock
 from chronomq.raftlog.node import RaftLog
 
@@ -59,13 +60,18 @@ async def serve(
     if skew_file:
         log.warning("wall clock skewed by the offset in %s (a drill fault)", skew_file)
     budget = fd_budget(config)
-    raftlog = RaftLog(
-        dataclasses.replace(config.raft_config(), max_open_cq_files=budget.cache_files),
-        clock=clock,
-        auto_create_topics=config.auto_create_topic,
-        extensions=reserved.APPLY_EXTENSIONS,
-        record_rules=reserved.apply_rules(),
-    )
+    try:
+        raftlog = RaftLog(
+            dataclasses.replace(config.raft_config(), max_open_cq_files=budget.cache_files),
+            clock=clock,
+            auto_create_topics=config.auto_create_topic,
+            extensions=reserved.APPLY_EXTENSIONS,
+            record_rules=reserved.apply_rules(),
+        )
+    except ListenError as exc:
+        # As for the Raft, HTTP and gRPC ports: say which address, and stop.
+        log.error("%s; stopping, as no peer could catch up from this node", exc)
+        return 2
     unbound = await asyncio.to_thread(raftlog.wait_listening, RAFT_BIND_TIMEOUT_S)
     if unbound is not None:
         log.error(

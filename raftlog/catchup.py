@@ -143,6 +143,10 @@ class _RefusalLog:
 # ---------------------------------------------------------------------- server
 
 
+class ListenError(OSError):
+    """The catch-up listener could not bind its address (another process has it)."""
+
+
 class CatchupServer:
     """Serves ``[start, end)`` of the local CommitLog, up to what has been applied, to peers
     that prove the cluster secret."""
@@ -161,7 +165,10 @@ class CatchupServer:
         self._available = available
         self._key = proto.derive_key(secret)
         self.limits = limits
-        self._sock = socket.create_server((host, port), reuse_port=False)
+        try:
+            self._sock = socket.create_server((host, port), reuse_port=False)
+        except OSError as exc:
+            raise ListenError(f"cannot listen for catch-up on {host}:{port}: {exc}") from None
         self._sock.settimeout(0.5)
         self._stopped = threading.Event()
         self._transfers = threading.BoundedSemaphore(limits.transfer_slots)

@@ -78,3 +78,35 @@ def test_a_node_whose_raft_port_is_taken_stops_and_says_why(tmp_path: Path) -> N
         finally:
             for c in clusters:
                 c.stop()
+
+
+def test_a_node_whose_catch_up_port_is_taken_stops_and_says_why(tmp_path: Path) -> None:
+    """A taken catch-up port (Raft + 1000) stops the node with status 2, naming the address,
+    as a taken Raft, HTTP or gRPC port does (it had exited 1 with asyncio's bare error); the
+    test clusters then start again on other ports."""
+    clusters: list[LocalCluster] = []
+    with socket.socket() as squatter:
+
+        def build(http: int, raft: int, attempt: int) -> LocalCluster:
+            if attempt == 0:  # someone takes node 2's catch-up port first
+                squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                squatter.bind(("127.0.0.1", raft + 1002))
+                squatter.listen()
+            c = LocalCluster(3, tmp_path / f"c{attempt}", http_port=http, raft_port=raft)
+            clusters.append(c)
+            return c
+
+        try:
+            cluster = start_on_free_ports(build, 3)
+            first = clusters[0]
+            assert len(clusters) == 2 and cluster is clusters[1]
+            assert first.procs[2].returncode == 2
+            log = (first.node_dir(2) / "node.log").read_text()
+            fetch = first.raft_port + 1002
+            assert f"cannot listen for catch-up on 127.0.0.1:{fetch}" in log, log[-2000:]
+            assert "Address already in use" in log
+            cluster.wait_leader(60)
+            cluster.wait_all_know_leader(30)
+        finally:
+            for c in clusters:
+                c.stop()
