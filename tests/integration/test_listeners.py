@@ -46,18 +46,29 @@ def test_every_listener_binds_the_configured_host(make_cluster: Any) -> None:
         assert _listening(cluster.procs[i].pid) == expected, f"node {i}"
 
 
-def test_a_node_whose_raft_port_is_taken_stops_and_says_why(tmp_path: Path) -> None:
-    """pysyncobj retries a failed bind forever without a word: the node would serve HTTP
-    while no peer can reach it, and never learn a leader. It exits (status 2) naming the
-    address instead, as it does for a taken HTTP or gRPC port; the test clusters then start
-    again on other ports."""
+# (the taken port, as an offset from the Raft base, and what node 2 then logs). pysyncobj
+# retries a failed Raft bind forever without a word: the node would serve HTTP while no peer
+# can reach it, and never learn a leader. A taken catch-up port (Raft + 1000) exited 1 with
+# asyncio's bare error.
+TAKEN_PORTS = [
+    (2, "cannot listen for Raft on 127.0.0.1:{port}", f"(tried for {RAFT_BIND_TIMEOUT_S:.0f} s)"),
+    (1002, "cannot listen for catch-up on 127.0.0.1:{port}", "Address already in use"),
+]
+
+
+@pytest.mark.parametrize(("offset", "said", "also_said"), TAKEN_PORTS, ids=["raft", "catch-up"])
+def test_a_node_whose_port_is_taken_stops_and_says_why(
+    tmp_path: Path, offset: int, said: str, also_said: str
+) -> None:
+    """A node whose Raft or catch-up port is taken exits (status 2) naming the address, as it
+    does for a taken HTTP or gRPC port; the test clusters then start again on other ports."""
     clusters: list[LocalCluster] = []
     with socket.socket() as squatter:
 
         def build(http: int, raft: int, attempt: int) -> LocalCluster:
-            if attempt == 0:  # someone takes node 2's Raft port first
+            if attempt == 0:  # someone takes node 2's port first
                 squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                squatter.bind(("127.0.0.1", raft + 2))
+                squatter.bind(("127.0.0.1", raft + offset))
                 squatter.listen()
             c = LocalCluster(3, tmp_path / f"c{attempt}", http_port=http, raft_port=raft)
             clusters.append(c)
@@ -69,42 +80,9 @@ def test_a_node_whose_raft_port_is_taken_stops_and_says_why(tmp_path: Path) -> N
             assert len(clusters) == 2 and cluster is clusters[1]
             assert first.procs[2].returncode == 2
             log = (first.node_dir(2) / "node.log").read_text()
-            raft = first.raft_port + 2
-            assert f"cannot listen for Raft on 127.0.0.1:{raft}" in log
+            assert said.format(port=first.raft_port + offset) in log, log[-2000:]
             assert "Address already in use" in log
-            assert f"(tried for {RAFT_BIND_TIMEOUT_S:.0f} s)" in log
-            cluster.wait_leader(60)
-            cluster.wait_all_know_leader(30)
-        finally:
-            for c in clusters:
-                c.stop()
-
-
-def test_a_node_whose_catch_up_port_is_taken_stops_and_says_why(tmp_path: Path) -> None:
-    """A taken catch-up port (Raft + 1000) stops the node with status 2, naming the address,
-    as a taken Raft, HTTP or gRPC port does (it had exited 1 with asyncio's bare error); the
-    test clusters then start again on other ports."""
-    clusters: list[LocalCluster] = []
-    with socket.socket() as squatter:
-
-        def build(http: int, raft: int, attempt: int) -> LocalCluster:
-            if attempt == 0:  # someone takes node 2's catch-up port first
-                squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                squatter.bind(("127.0.0.1", raft + 1002))
-                squatter.listen()
-            c = LocalCluster(3, tmp_path / f"c{attempt}", http_port=http, raft_port=raft)
-            clusters.append(c)
-            return c
-
-        try:
-            cluster = start_on_free_ports(build, 3)
-            first = clusters[0]
-            assert len(clusters) == 2 and cluster is clusters[1]
-            assert first.procs[2].returncode == 2
-            log = (first.node_dir(2) / "node.log").read_text()
-            fetch = first.raft_port + 1002
-            assert f"cannot listen for catch-up on 127.0.0.1:{fetch}" in log, log[-2000:]
-            assert "Address already in use" in log
+            assert also_said in log
             cluster.wait_leader(60)
             cluster.wait_all_know_leader(30)
         finally:
