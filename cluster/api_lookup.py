@@ -67,8 +67,8 @@ ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
         "Find a message by the msg_id its produce returned: its kind (plain, level, timer), "
         "status (stored, waiting, delivered, cancelled; unknown when a timer's slot cannot "
         "tell), where it is stored, when it is due and where and when it was delivered. "
-        "topic narrows the search. 404 unknown_message when not found; the search is bounded "
-        "(see the README).",
+        "topic narrows the search. 404 unknown_message when not found; the search reads at "
+        "most 50,000 records (see the web console's Messages view).",
         None,
         _FOUND,
         ["topic"],

@@ -267,7 +267,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
 
 
 def cmd_reference(args: argparse.Namespace) -> int:
-    """``chronomq config|api reference``: print, ``--write`` or ``--check`` a README table."""
+    """``chronomq config|api reference``: print, ``--write`` or ``--check`` a docs table."""
     doc = importlib.import_module(args.doc_module)
     if args.write:
         return int(doc.main("write", args.write))
@@ -277,17 +277,18 @@ def cmd_reference(args: argparse.Namespace) -> int:
 
 
 def add_reference_command(
-    sub: Any, name: str, *, help_text: str, description: str, doc_module: str
+    sub: Any, name: str, *, help_text: str, description: str, doc_module: str, page: str
 ) -> None:
-    """A ``chronomq NAME reference [--write FILE | --check FILE]`` command."""
+    """A ``chronomq NAME reference [--write FILE | --check FILE]`` command; ``page`` is the docs
+    page that holds the reference."""
     parser = sub.add_parser(
         name,
         help=help_text,
         description=paragraph(description),
         epilog=example_epilog(
             f"chronomq {name} reference",
-            f"chronomq {name} reference --write README.md",
-            f"chronomq {name} reference --check README.md",
+            f"chronomq {name} reference --write {page}",
+            f"chronomq {name} reference --check {page}",
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -524,6 +525,7 @@ def build_parser(extend: Callable[[Any], None] | None = None) -> argparse.Argume
         description="Print the configuration reference as a Markdown table, or keep the one "
         "in a file (between its markers) current.",
         doc_module="chronomq.cluster.configdoc",
+        page="docs/reference/config.md",
     )
     add_reference_command(
         sub,
@@ -533,6 +535,7 @@ def build_parser(extend: Callable[[Any], None] | None = None) -> argparse.Argume
         "routes /openapi.json describes, or keep the one in a file (between its markers) "
         "current.",
         doc_module="chronomq.cluster.apidoc",
+        page="docs/reference/http.md",
     )
 
     from chronomq.cluster.cli_timer import register as register_timer

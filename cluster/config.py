@@ -1,8 +1,8 @@
 """Node configuration: one TOML file per node, every key overridable from the environment.
 
 Every key is declared once in :data:`KEYS` with its type, default, limits, whether it may change
-at runtime, and its documentation; the README's configuration reference is generated from this
-table (``chronomq config docs``). Names follow RocketMQ's where one exists, in snake_case.
+at runtime, and its documentation; the configuration reference (docs/reference/config.md) is
+generated from this table (``chronomq config reference``). Names follow RocketMQ's where one exists, in snake_case.
 A bad file, key or value stops the node at start with a message naming the key.
 """
 
@@ -117,7 +117,7 @@ KEYS: tuple[Key, ...] = (
         "flush",
         str,
         "async",
-        "Durability (see the README's table): 'async' survives a killed process (bytes reach "
+        "Durability (see the durability table in the docs): 'async' survives a killed process (bytes reach "
         "the page cache before the answer) and syncs every 500 ms, so a power cut of every "
         "node at once loses at most the last interval; 'sync' also survives a power cut of "
         "every node (Raft journal entries are fsynced, one fsync per group of commands, "

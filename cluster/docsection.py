@@ -1,4 +1,4 @@
-"""Generated parts of the README: splice a reference between two markers, or check it.
+"""Generated parts of the docs: splice a reference between two markers, or check it.
 
 ``chronomq config reference`` (:mod:`chronomq.cluster.configdoc`) and ``chronomq api reference``
 (:mod:`chronomq.cluster.apidoc`) print their table; ``--write FILE`` replaces the part of ``FILE``

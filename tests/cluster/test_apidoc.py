@@ -1,4 +1,4 @@
-"""The README's HTTP API reference is generated from the routes and current."""
+"""The docs' HTTP API reference is generated from the routes and current."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import pytest
 from chronomq.cluster import apidoc, openapi
 from chronomq.cluster.cli import main
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / apidoc.PAGE
 
 
-def test_readme_reference_is_current() -> None:
-    text = README.read_text()
+def test_the_docs_reference_is_current() -> None:
+    text = PAGE.read_text()
     assert apidoc.splice(text) == text, (
-        "README.md's HTTP API reference is stale: run `chronomq api reference --write README.md`"
+        f"{apidoc.PAGE}'s HTTP API reference is stale: run "
+        f"`chronomq api reference --write {apidoc.PAGE}`"
     )
 
 
@@ -49,8 +50,8 @@ def test_shapes_mark_optional_request_fields_and_list_answers() -> None:
 def test_a_changed_route_makes_the_check_fail(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    copy = tmp_path / "README.md"
-    copy.write_text(README.read_text())
+    copy = tmp_path / "http.md"
+    copy.write_text(PAGE.read_text())
     assert main(["api", "reference", "--check", str(copy)]) == 0
     routes: dict[tuple[str, str], Any] = dict(openapi.ROUTES)
     routes[("GET", "/v1/shiny")] = ("Shows shiny things.", None, {"type": "object"}, [])

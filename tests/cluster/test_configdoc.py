@@ -1,4 +1,4 @@
-"""The README's configuration reference is generated from the key definitions and current."""
+"""The docs' configuration reference is generated from the key definitions and current."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import pytest
 
 from chronomq.cluster import config, configdoc
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / configdoc.PAGE
 
 
-def test_readme_reference_is_current() -> None:
-    text = README.read_text()
+def test_the_docs_reference_is_current() -> None:
+    text = PAGE.read_text()
     assert configdoc.splice(text) == text, (
-        "README.md's configuration reference is stale: run "
-        "`chronomq config reference --write README.md`"
+        f"{configdoc.PAGE}'s configuration reference is stale: run "
+        f"`chronomq config reference --write {configdoc.PAGE}`"
     )
 
 
@@ -33,4 +33,4 @@ def test_a_new_key_without_documentation_fails(monkeypatch: pytest.MonkeyPatch) 
     assert configdoc.main() == 1
     documented = config.Key("shiny_new_knob", int, 1, "Turns the shiny new knob.")
     monkeypatch.setattr(configdoc, "KEYS", (*config.KEYS, documented))
-    assert configdoc.main("check", str(README)) == 1  # documented, but not in the README yet
+    assert configdoc.main("check", str(PAGE)) == 1  # documented, but not in the docs yet
