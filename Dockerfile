@@ -10,7 +10,7 @@
 FROM python:3.11-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY .ci/constraints.txt ./constraints.txt
 COPY raftlog ./raftlog
 COPY schedule ./schedule
