@@ -6,16 +6,16 @@ STAMP := $(VENV)/.installed
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYTHONDONTWRITEBYTECODE = 1
 
-.PHONY: run test lint typecheck unit install clean constraints
+.PHONY: run test lint typecheck docs unit install clean constraints
 
 CONSTRAINTS := .ci/constraints.txt
 
-# Everything: the broker, the Spark report (and Spark Connect) extras and the test tools, at the
-# versions CI pins.
+# Everything: the broker, the Spark report (and Spark Connect) extras, the test tools and the
+# documentation site's tools, at the versions CI pins.
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[test,report,connect]'
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[test,report,connect,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -30,12 +30,17 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The documentation site (docs/, mkdocs.yml) into site/, which git ignores: --strict fails on
+# a warning, a broken link or anchor included (not with --quiet, which drops the warnings).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 # Two test processes (pytest-xdist; each test file stays on one): the integration tests mostly
 # wait on real nodes, so two at a time halve the wall time on two cores. TEST_WORKERS=0 runs
 # the suite in this one process. Tests marked `alone` run afterwards, with nothing beside them.
 TEST_WORKERS ?= 2
 
-test: $(STAMP) lint typecheck
+test: $(STAMP) lint typecheck docs
 	$(BIN)/python -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadfile -m "not alone"
 	$(BIN)/python -m pytest -q -ra -m alone
 
@@ -44,10 +49,10 @@ constraints:
 	rm -rf .venv-constraints
 	$(PYTHON) -m venv .venv-constraints
 	.venv-constraints/bin/python -m pip install --quiet --upgrade pip
-	.venv-constraints/bin/python -m pip install --quiet '.[test,report,connect]'
+	.venv-constraints/bin/python -m pip install --quiet '.[test,report,connect,docs]'
 	{ sed -n '1,2p' $(CONSTRAINTS); .venv-constraints/bin/python -m pip freeze --exclude-editable \
 	  | grep -v '^chronomq'; } > $(CONSTRAINTS).new && mv $(CONSTRAINTS).new $(CONSTRAINTS)
 	rm -rf .venv-constraints
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) var site .pytest_cache .mypy_cache .ruff_cache

@@ -23,7 +23,7 @@ from chronomq.timer.errors import TimerStateError
 
 log = logging.getLogger(__name__)
 
-_STATS = {"type": "object", "description": "see the README's timer section"}
+_STATS = {"type": "object", "description": "see the timer page of the docs"}
 
 # (method, path): (summary, request schema or None, 200 response schema, query parameters)
 ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {

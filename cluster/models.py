@@ -14,7 +14,7 @@ declared ``X | None``.
 
 Why msgspec and not pydantic: decoding a 512-message produce body into the model costs what
 ``orjson.loads`` alone cost before, so the checks come free (``chronomq bench models``; figures
-in the README's HTTP API section); msgspec is one small wheel without dependencies, and
+on the docs' benchmarks page); msgspec is one small wheel without dependencies, and
 :func:`msgspec.json.schema_components` gives ``/openapi.json`` straight from the Structs.
 """
 

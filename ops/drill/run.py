@@ -58,7 +58,7 @@ DRILL_SETTINGS = {
     "enable_schedule_async_deliver": "true",
 }
 ASYNC_FLUSH_INTERVAL_MS = 500
-"""The loss bound the README states for ``flush = async`` when every node loses power: what was
+"""The loss bound the docs state for ``flush = async`` when every node loses power: what was
 acknowledged within the last CommitLog flush interval."""
 WARMUP_S = 4.0
 QUIET_S = 4.0
@@ -596,7 +596,7 @@ def _power_table(result: dict[str, Any]) -> None:
         f"gone from the log: {summary.get('gone', 0)} acknowledged messages"
         + (
             f", acknowledged up to {gone_window} ms before the cut that took them "
-            f"(flush=async bound in the README: {summary['async_bound_ms']} ms)"
+            f"(flush=async bound in the docs: {summary['async_bound_ms']} ms)"
             if gone_window is not None
             else ""
         )
@@ -612,7 +612,7 @@ def _power_table(result: dict[str, Any]) -> None:
         f"{summary['cuts']} power cuts lost {summary['lost']} acknowledged messages"
         + (
             f", acknowledged up to {window} ms before the cut "
-            f"(flush=async bound in the README: {summary['async_bound_ms']} ms)"
+            f"(flush=async bound in the docs: {summary['async_bound_ms']} ms)"
             if window is not None
             else ""
         )

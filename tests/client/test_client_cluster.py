@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -241,30 +245,44 @@ async def test_async_producer_and_consumer_with_retry(make_cluster: Any) -> None
     assert committed(urls, "default", "%RETRY%default") == {0: 1}
 
 
-def test_readme_example_runs(make_cluster: Any) -> None:
-    """README's "Using the Python client" example, as written but for the node URLs."""
-    import re
-    import subprocess
-    import sys
+ROOT = Path(__file__).resolve().parents[2]
+# The node URLs as the examples write them; the tests put a real cluster's in their place.
+WRITTEN_NODES = '["http://127.0.0.1:8080", "http://127.0.0.1:8081", "http://127.0.0.1:8082"]'
 
-    from tests.test_readme_tour import README
 
+def run_example(page: Path, marker: str, make_cluster: Any) -> tuple[list[str], LocalCluster]:
+    """Run the Python block between ``<!-- MARKER:start -->`` and ``<!-- MARKER:end -->`` of
+    ``page`` against a real 3-node cluster; the lines it printed, and the cluster."""
     block = re.search(
-        r"<!-- python-client-example:start -->\n```python\n(.*?)```\n"
-        r"<!-- python-client-example:end -->",
-        README.read_text(),
+        rf"<!-- {marker}:start -->\n```python\n(.*?)```\n<!-- {marker}:end -->",
+        page.read_text(),
         re.S,
     )
-    assert block is not None
-    written = '["http://127.0.0.1:8080", "http://127.0.0.1:8081", "http://127.0.0.1:8082"]'
-    assert written in block.group(1)
+    assert block is not None, f"{page.relative_to(ROOT)} has no {marker} block"
+    assert WRITTEN_NODES in block.group(1)
     cluster: LocalCluster = make_cluster(3)
     cluster.wait_leader(60)
     cluster.wait_all_know_leader(30)
-    code = block.group(1).replace(written, repr(cluster.urls))
+    code = block.group(1).replace(WRITTEN_NODES, repr(cluster.urls))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.splitlines()
+    return done.stdout.splitlines(), cluster
+
+
+def test_readme_example_runs(make_cluster: Any) -> None:
+    """The README's short example, as written but for the node URLs: a timer message comes
+    back to the consumer, not before it is due."""
+    lines, _cluster = run_example(ROOT / "README.md", "readme-example", make_cluster)
+    [line] = lines
+    found = re.fullmatch(r"call the customer due at (\d+) stored at (\d+)", line)
+    assert found is not None, lines
+    assert int(found[2]) >= int(found[1])
+
+
+def test_docs_example_runs(make_cluster: Any) -> None:
+    """The docs' "Use the Python client" example, as written but for the node URLs."""
+    page = ROOT / "docs" / "howto" / "python-client.md"
+    lines, cluster = run_example(page, "python-client-example", make_cluster)
     assert lines[0] == "order 43 timeout: cancelled", lines
     assert sorted(lines[1:]) == [
         "got 'order 42: cancel if unpaid' from checkout reconsume_times 0",

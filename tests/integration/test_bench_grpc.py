@@ -1,6 +1,6 @@
 """``chronomq bench grpc`` end to end, small: the command runs the official client against its
 own cluster, prints its table and writes the figures it promises, and every message sent is
-received and acked exactly once (the rates themselves are measured by hand, see the README)."""
+received and acked exactly once (the rates themselves are measured by hand, see the docs' benchmarks page)."""
 
 from __future__ import annotations
 

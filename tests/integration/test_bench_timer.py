@@ -1,5 +1,5 @@
 """``chronomq bench timer`` end to end, small: the command runs, prints its table and writes
-the figures it promises (the figures themselves are measured by hand, see the README)."""
+the figures it promises (the figures themselves are measured by hand, see the docs' benchmarks page)."""
 
 from __future__ import annotations
 

@@ -29,7 +29,8 @@ from rocketmq.grpc_protocol import service_pb2_grpc as spb_grpc
 from chronomq.cluster.launcher import LocalCluster
 from tests.integration.conftest import dump_logs, wait_for
 from tests.selfsigned import self_signed
-from tests.test_readme_tour import README
+
+CLIENTS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "howto" / "rocketmq-clients.md"
 
 pytestmark = pytest.mark.integration
 
@@ -326,11 +327,11 @@ def _at_least(items: list[str], n: int) -> Any:
     return check
 
 
-def test_readme_example_runs(make_cluster: Any) -> None:
-    """The README's example, as written but for the endpoints."""
+def test_docs_example_runs(make_cluster: Any) -> None:
+    """The example of the docs' RocketMQ 5 clients page, as written but for the endpoints."""
     block = re.search(
         r"<!-- grpc-example:start -->\n```python\n(.*?)```\n<!-- grpc-example:end -->",
-        README.read_text(),
+        CLIENTS_PAGE.read_text(),
         re.S,
     )
     assert block is not None

@@ -2,7 +2,8 @@
 
 SIGKILL keeps the page cache, so a killed node loses nothing a power cut would. These tests
 kill nodes, then take away by hand what a power cut may take under the durability model
-(raftlog/journal.py, raftlog/store.py), and check what the README's table promises:
+(raftlog/journal.py, raftlog/store.py), and check what the durability table of the docs
+(docs/explanation/durability.md) promises:
 
 * every node at once loses every CommitLog and ConsumeQueue byte past its last snapshot (not
   synced under either setting: the journal is) and ends its journal in a torn record (a write

@@ -1,6 +1,6 @@
 """``chronomq bench models`` end to end, small: the command times the produce path's parsing in
 its own process, prints its table and writes the figures it promises (the figures themselves
-are measured by hand, see the README's HTTP API section)."""
+are measured by hand, see the docs' benchmarks page)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""The README's five-minute tour, run as written against a real 3-node cluster.
+"""The docs' five-minute tour, run as written against a real 3-node cluster.
 
-The tour lies between ``<!-- tour:start -->`` and ``<!-- tour:end -->`` in README.md; each of
-its steps is an HTML comment ``<!-- tour:step NAME -->`` followed by a fenced ``sh`` block. The
-cluster is started with the command of the Makefile's ``run`` target (what ``make run`` runs),
-in a fresh directory that plays the repository's, so ``./var`` and ``$PWD/var`` mean what they
-mean for a reader. The blocks run through bash, in order, each after the ``setup`` block (as in
-one terminal), and every step's output is checked.
+The tour lies between ``<!-- tour:start -->`` and ``<!-- tour:end -->`` in docs/tutorial/tour.md;
+each of its steps is an HTML comment ``<!-- tour:step NAME -->`` followed by a fenced ``sh``
+block. The cluster is started with the command of the Makefile's ``run`` target (what
+``make run`` runs), in a fresh directory that plays the repository's, so ``./var`` and
+``$PWD/var`` mean what they mean for a reader. The blocks run through bash, in order, each
+after the ``setup`` block (as in one terminal), and every step's output is checked.
 
 What the test changes in the text, and nothing else (each must still be found in the tour):
 
@@ -41,11 +41,11 @@ import pytest
 from tests.integration.conftest import free_port_base
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+TOUR = ROOT / "docs" / "tutorial" / "tour.md"
 START, END = "<!-- tour:start -->", "<!-- tour:end -->"
 STEPS = ("setup", "produce", "delay", "timer", "status", "failover", "drill", "report", "docker")
 NEEDS_DOCKER = {"docker"}
-README_HTTP_PORT = 8080
+TOUR_HTTP_PORT = 8080
 _STEP = re.compile(r"<!-- tour:step (?P<name>[\w-]+) -->\n```sh\n(?P<code>.*?)\n```", re.S)
 # Seconds each step may take before the test fails; the whole tour takes about 90 s.
 STEP_TIMEOUT_S = {"drill": 240.0, "report": 240.0}
@@ -60,7 +60,7 @@ class Step:
 
 def tour_steps(text: str) -> list[Step]:
     start, end = text.find(START), text.find(END)
-    assert 0 <= start < end, f"README.md lacks the {START} ... {END} markers"
+    assert 0 <= start < end, f"{TOUR.relative_to(ROOT)} lacks the {START} ... {END} markers"
     return [Step(m["name"], m["code"]) for m in _STEP.finditer(text[start:end])]
 
 
@@ -212,7 +212,7 @@ class RunningCluster:
 
 
 def test_the_tour_has_every_step_in_order() -> None:
-    steps = tour_steps(README.read_text())
+    steps = tour_steps(TOUR.read_text())
     assert [s.name for s in steps] == list(STEPS)
     assert all(s.code.strip() for s in steps)
 
@@ -226,11 +226,11 @@ def test_localizing_changes_ports_and_paths_only() -> None:
     assert local("chronomq drill --nodes 3") == (
         "chronomq drill --http-port 22000 --raft-port 23000 --nodes 3"
     )
-    # Every change is one the tour needs; a README edit that drops one makes this fail.
-    tour = "\n".join(s.code for s in tour_steps(README.read_text()))
+    # Every change is one the tour needs; a tour edit that drops one makes this fail.
+    tour = "\n".join(s.code for s in tour_steps(TOUR.read_text()))
     for old, _new in local.replacements():
         assert old in tour, f"the tour no longer contains {old!r}: update the test"
-    assert f"localhost:{README_HTTP_PORT}" in tour
+    assert f"localhost:{TOUR_HTTP_PORT}" in tour
 
 
 def test_output_is_split_when_answers_run_together() -> None:
@@ -244,7 +244,7 @@ def test_output_is_split_when_answers_run_together() -> None:
 @pytest.mark.integration
 @pytest.mark.spark
 @pytest.mark.timeout(600)
-def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
+def test_the_tour_runs_as_written(tmp_path: Path) -> None:
     pytest.importorskip("pyspark")
     for tool in ("bash", "curl", "jq", "pkill"):
         if shutil.which(tool) is None:
@@ -257,7 +257,7 @@ def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
     local = Localizer(http, bin_dir, drill_http, drill_raft)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOMQ_")}
     env["SPARK_LOCAL_IP"] = "127.0.0.1"
-    steps = tour_steps(README.read_text())
+    steps = tour_steps(TOUR.read_text())
     prelude = local(steps[0].code)
     urls = [f"http://127.0.0.1:{http + i}" for i in range(3)]
 
