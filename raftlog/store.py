@@ -40,7 +40,7 @@ from typing import Any
 
 import orjson
 
-from chronomq.raftlog import applycheck, durable, record
+from chronomq.raftlog import applycheck, record
 from chronomq.raftlog import command as cmdcodec
 from chronomq.raftlog.chain import BLOCK_BYTES, Chain, RangeCheck
 from chronomq.raftlog.commitlog import CommitLog
@@ -880,13 +880,9 @@ class Store:
         """Make the CommitLog (and, under ``flush="sync"``, the ConsumeQueues) durable: a
         snapshot must never cover bytes a power cut can take away, since the journal
         entries it replaces are dropped after it."""
-        self.commitlog.sync()  # a failed fsync stops the node there
+        self.commitlog.sync()  # a failed fsync stops the node there (chronomq.raftlog.durable)
         if self.flush == "sync":
-            try:
-                self.cqs.sync()
-            except OSError as exc:
-                durable.fail_stop(durable.fsync_failed(self.cqs.directory, exc))
-                raise
+            self.cqs.sync()
 
     def _range_digest(self, start: int, end: int) -> str:
         h = hashlib.sha256()

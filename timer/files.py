@@ -259,7 +259,7 @@ class TimerFiles:
         if self.wheel.dirty_slots:
             fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                os.fsync(fd)
+                durable.fsync(fd, marker)
             finally:
                 os.close(fd)
             self.wheel.flush(durable_log_end=flush_pos)
