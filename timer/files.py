@@ -252,7 +252,8 @@ class TimerFiles:
 
         The dirty marker exists while the wheel file is being written: a crash in between
         leaves it, and the next start rebuilds the wheel rather than trusting a half-written
-        file.
+        file. Its name is synced before the first slot is written, or a power cut could keep
+        some of the slots and lose the marker.
         """
         marker = self.root / DIRTY_MARKER
         flush_pos = self.log.flush()
@@ -262,6 +263,7 @@ class TimerFiles:
                 durable.fsync(fd, marker)
             finally:
                 os.close(fd)
+            durable.fsync_dir(self.root)
             self.wheel.flush(durable_log_end=flush_pos)
         cp = Checkpoint(
             precision_ms=self.config.timer_precision_ms,

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from chronomq.raftlog import durable
-from chronomq.timer.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from chronomq.timer.checkpoint import WHEEL_FILE, Checkpoint, load_checkpoint, save_checkpoint
+from chronomq.timer.config import TimerConfig
 from chronomq.timer.cursor import ReadCursor
+from chronomq.timer.files import DIRTY_MARKER, TimerFiles
 from chronomq.timer.timerlog import NO_POS, RecordFlags, TimerLog, TimerRecord
 from chronomq.timer.wheel import TimerWheel
 from tests.raftlog._fsync import Faults, FsyncSpy
@@ -97,3 +99,35 @@ def test_a_failed_sync_of_the_checkpoint_keeps_the_old_one(
         save_checkpoint(path, Checkpoint(100, 9, 9, 0, ReadCursor.at(1_700_000_000_000), 0))
     assert faults.messages[0].startswith(f"fsync of {tmp_path / 'checkpoint.tmp'} failed")
     assert load_checkpoint(path) == old
+
+
+def test_the_dirty_marker_is_durable_before_the_wheel_is_written(
+    tmp_path: Path, spy: FsyncSpy
+) -> None:
+    """A power cut while the wheel is written may keep some slots: the marker that tells the
+    next start to rebuild the wheel must be there too, its name synced first."""
+    root = tmp_path / "timer"
+    config = TimerConfig(
+        timer_precision_ms=GEOMETRY.precision_ms,
+        timer_wheel_slots=GEOMETRY.slot_count,
+        timer_roll_window_slots=GEOMETRY.roll_window_slots,
+        timer_log_segment_bytes=SEG,
+        timer_dequeue_scan_slots_max=64,
+    )
+    files = TimerFiles(root, config)
+    try:
+        pos = files.log.append(_record(1_700_000_000_000))
+        files.wheel.put(1_700_000_000_000, pos)
+        spy.calls.clear()
+        files.persist(
+            applied_index=1,
+            enqueue_offset=1,
+            cursor=ReadCursor.at(1_700_000_000_000),
+            last_delivered_ms=0,
+        )
+    finally:
+        files.close()
+    synced = spy.paths()
+    marker, wheel = str(root / DIRTY_MARKER), str(root / WHEEL_FILE)
+    assert synced.index(marker) < synced.index(str(root)) < synced.index(wheel)
+    assert not (root / DIRTY_MARKER).exists()
