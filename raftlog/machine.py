@@ -47,7 +47,8 @@ from chronomq.raftlog.journal import DurableJournal
 from chronomq.raftlog.journalcheck import check_journal, journal_advice
 from chronomq.raftlog.prevote import LogPosition, PreVoteRound, VoterState
 from chronomq.raftlog.removal import RemovalFile, RemovalNotice
-from chronomq.raftlog.store import FetchTarget, Store, decode_entry, encode_entry
+from chronomq.raftlog.snapshot import FetchTarget, decode_entry, encode_entry
+from chronomq.raftlog.store import Store
 from chronomq.raftlog.ticks import TickWatch
 from chronomq.raftlog.transfer import LeaderView
 
