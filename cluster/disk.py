@@ -48,7 +48,8 @@ from chronomq.raftlog.retention import (
     SegmentInfo,
     plan_retention,
 )
-from chronomq.raftlog.store import COMPARE_WINDOW_BYTES, TAIL_DIGEST_BYTES, Store
+from chronomq.raftlog.snapshot import COMPARE_WINDOW_BYTES, TAIL_DIGEST_BYTES
+from chronomq.raftlog.store import Store
 from chronomq.schedule.hold import lowest_needed_offset as schedule_needed
 from chronomq.timer.hold import TimerHold
 

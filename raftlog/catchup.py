@@ -439,7 +439,7 @@ def fetch_bytes(
 
 
 class Target(Protocol):
-    """Where fetched bytes go (:class:`chronomq.raftlog.store.FetchTarget`)."""
+    """Where fetched bytes go (:class:`chronomq.raftlog.snapshot.FetchTarget`)."""
 
     @property
     def start(self) -> int: ...

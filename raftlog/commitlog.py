@@ -29,13 +29,11 @@ snapshot that covers it.
 
 from __future__ import annotations
 
-import errno
-import functools
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,8 +81,7 @@ class CommitLog:
         durable.make_dirs(self.directory)
         self.segment_bytes = segment_bytes
         self.flush_mode = flush
-        self._on_fault = on_fault
-        self._failed: str | None = None
+        self._faults = durable.FaultLatch(on_fault)
         self._lock = threading.RLock()
         self._segments: list[_Segment] = []
         self._dirty: set[int] = set()
@@ -172,17 +169,7 @@ class CommitLog:
         if offset == 0:
             path.unlink(missing_ok=True)
             return
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            f.write(f"{offset}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dir_fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        durable.write_atomically(path, f"{offset}\n".encode(), on_fault=self._faults)
 
     # ------------------------------------------------------------------ sizes
 
@@ -220,7 +207,7 @@ class CommitLog:
             now = time.monotonic()
             for seg in doomed:
                 if seg.fd in self._dirty:
-                    self._checked(functools.partial(os.fsync, seg.fd), self.directory)
+                    durable.fsync(seg.fd, self._what, on_fault=self._faults)
                     self._dirty.discard(seg.fd)
                 seg.path.unlink()
                 self._retired.append((now, seg.fd))
@@ -263,7 +250,7 @@ class CommitLog:
         seg = _Segment(base, path, fd, 0)
         self._segments = [*self._segments, seg]
         # The new name must outlive a power cut as its bytes will.
-        self._checked(lambda: durable.fsync_dir(self.directory), self.directory)
+        durable.fsync_dir(self.directory, on_fault=self._faults)
         return seg
 
     def layout(self, sizes: Sequence[int]) -> tuple[list[int], list[tuple[int, int]]]:
@@ -328,16 +315,11 @@ class CommitLog:
                 seg = self._segment_for_write(at)
                 room = self.segment_bytes - seg.size
                 chunk = view[:room]
-                try:
-                    written = os.pwrite(seg.fd, chunk, seg.size)
-                except OSError as exc:
-                    raise OSError(exc.errno, exc.strerror, str(seg.path)) from exc
-                if written == 0:  # a full disk writes part, then refuses the rest
-                    raise OSError(errno.ENOSPC, "nothing written", str(seg.path))
-                seg.size += written
-                at += written
-                view = view[written:]
                 self._dirty.add(seg.fd)
+                durable.pwrite_all(seg.fd, chunk, seg.size, seg.path)
+                seg.size += len(chunk)
+                at += len(chunk)
+                view = view[len(chunk) :]
             if self.flush_mode == "sync":
                 self.sync()
 
@@ -475,30 +457,22 @@ class CommitLog:
             self._dirty = {seg.fd for seg in keep}
             self.sync()
             if unlinked:
-                self._checked(lambda: durable.fsync_dir(self.directory), self.directory)
+                durable.fsync_dir(self.directory, on_fault=self._faults)
 
     # ------------------------------------------------------------------ durability
 
     def sync(self) -> None:
         """Make every byte written so far durable; on a failed fsync, ``on_fault``."""
         with self._lock:
-            if self._failed is not None:
-                self._fault()
+            self._faults.check()
             for fd in self._dirty:
-                self._checked(functools.partial(os.fsync, fd), self.directory)
+                durable.fsync(fd, self._what, on_fault=self._faults)
             self._dirty.clear()
 
-    def _checked(self, sync: Callable[[], None], what: object) -> None:
-        try:
-            sync()
-        except OSError as exc:
-            self._failed = durable.fsync_failed(f"the CommitLog in {what}", exc)
-            self._fault()
-
-    def _fault(self) -> None:
-        assert self._failed is not None
-        self._on_fault(self._failed)
-        raise durable.StorageFault(self._failed)
+    @property
+    def _what(self) -> str:
+        """The CommitLog's segments, as a failed fsync's message names them."""
+        return f"the CommitLog in {self.directory}"
 
     def _flush_loop(self) -> None:
         while not self._closed:

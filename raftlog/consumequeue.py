@@ -157,7 +157,7 @@ class ConsumeQueueStore:
         old_key, old_fd = self._fds.popitem(last=False)
         self.evictions += 1
         if self.flush == "sync" and old_key in self._dirty:
-            os.fsync(old_fd)
+            durable.fsync(old_fd, self._path(*old_key))
             self._dirty.discard(old_key)
         os.close(old_fd)
 
@@ -260,7 +260,7 @@ class ConsumeQueueStore:
     def sync(self) -> None:
         with self._lock:
             for key in list(self._dirty):
-                os.fsync(self._fd(key))
+                durable.fsync(self._fd(key), self._path(*key))
             self._dirty.clear()
 
     def close(self) -> None:
@@ -272,7 +272,7 @@ class ConsumeQueueStore:
                 # writes; reopening thousands of files to fsync them would only slow the stop.
                 for key, fd in self._fds.items():
                     if key in self._dirty:
-                        os.fsync(fd)
+                        durable.fsync(fd, self._path(*key))
                 self._dirty.clear()
             for fd in self._fds.values():
                 os.close(fd)

@@ -42,7 +42,6 @@ An ``fsync`` that fails calls ``on_fault`` (by default the node stops, see
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import struct
@@ -315,10 +314,9 @@ class DurableJournal(Journal):
         self._dir = str(Path(path).parent)
         self._meta_path = path + ".meta"
         self.flush_mode = flush
-        self._on_fault = on_fault
+        self._faults = durable.FaultLatch(on_fault)
         self._lock = threading.Lock()  # the descriptor against the flusher's sync
         self._dirty = False
-        self._failed: str | None = None
         self.syncs = 0  # fdatasyncs of entries (the figure group commit lowers)
         #: The longest an appended entry waited until a sync made it durable, in seconds:
         #: under ``flush="async"`` what a power cut of every node could lose, measured.
@@ -382,7 +380,7 @@ class DurableJournal(Journal):
         if got.torn_bytes:
             os.ftruncate(fd, got.end)
         # What was read is on disk from now on: later records are of later groups.
-        self._checked(lambda: os.fsync(fd), self.path)
+        durable.fsync(fd, self.path, on_fault=self._faults)
         self._group = got.max_group + TORN_GROUPS + 1
         self._entries = got.entries
         self._offsets = got.offsets
@@ -402,10 +400,9 @@ class DurableJournal(Journal):
             at += len(rec)
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            _pwrite_all(fd, b"".join(chunks), 0)
-            self._checked(lambda: os.fsync(fd), tmp)
-            os.replace(tmp, self.path)
-            self._checked(lambda: durable.fsync_dir(self._dir), self._dir)
+            durable.pwrite_all(fd, b"".join(chunks), 0, tmp)
+            durable.fsync(fd, tmp, on_fault=self._faults)
+            durable.replace(tmp, self.path, on_fault=self._faults)
         except BaseException:
             os.close(fd)
             raise
@@ -419,7 +416,7 @@ class DurableJournal(Journal):
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         rec = encode_record(bytes(command), idx, term, self._group)
-        _pwrite_all(self._fd, rec, self._end)
+        durable.pwrite_all(self._fd, rec, self._end, self.path)
         self._entries.append((command, idx, term))
         self._offsets.append(self._end)
         self._end += len(rec)
@@ -437,7 +434,7 @@ class DurableJournal(Journal):
         """Drop the entries before ``entryTo`` (a snapshot covers them): rewritten in a new
         file. The directory is synced first, so that the snapshot pysyncobj has just renamed
         into it is durable before the entries it replaces are gone."""
-        self._checked(lambda: durable.fsync_dir(self._dir), self._dir)
+        durable.fsync_dir(self._dir, on_fault=self._faults)
         keep = self._entries[entryTo:]
         with self._lock:
             old = self._fd
@@ -506,10 +503,8 @@ class DurableJournal(Journal):
     # ------------------------------------------------------------------ meta
 
     def _store_meta(self) -> None:
-        if self._failed is not None:
-            self._fault()
-        data = orjson.dumps(self._meta)
-        self._checked(lambda: durable.write_atomically(self._meta_path, data), self._meta_path)
+        self._faults.check()
+        durable.write_atomically(self._meta_path, orjson.dumps(self._meta), on_fault=self._faults)
 
     # ------------------------------------------------------------------ durability
 
@@ -524,7 +519,7 @@ class DurableJournal(Journal):
         with self._cond:
             while self._inflight:
                 self._cond.wait()
-        if self._dirty or self._failed is not None:
+        if self._dirty or self._faults.failed is not None:
             self._sync_now()
 
     def start_sync(self) -> None:
@@ -552,8 +547,8 @@ class DurableJournal(Journal):
                     return
             try:
                 with self._lock:
-                    if self._failed is None:
-                        self._checked(functools.partial(os.fdatasync, self._fd), self.path)
+                    if self._faults.failed is None:
+                        durable.fdatasync(self._fd, self.path, on_fault=self._faults)
                         self._synced(self._inflight_since)
             except durable.StorageFault:
                 pass  # on_fault has been told; the next sync() fails too
@@ -564,31 +559,18 @@ class DurableJournal(Journal):
 
     def _sync_now(self) -> None:
         with self._lock:
-            if self._failed is not None:
-                self._fault()
+            self._faults.check()
             self._group += 1
             self._dirty = False
             since, self._dirty_since = self._dirty_since, None
             fd = self._fd
-            self._checked(lambda: os.fdatasync(fd), self.path)
+            durable.fdatasync(fd, self.path, on_fault=self._faults)
             self._synced(since)
 
     def _synced(self, since: float | None) -> None:
         self.syncs += 1
         if since is not None:
             self.max_unsynced_s = max(self.max_unsynced_s, time.monotonic() - since)
-
-    def _checked(self, sync: Any, what: str) -> None:
-        try:
-            sync()
-        except OSError as exc:
-            self._failed = durable.fsync_failed(what, exc)
-            self._fault()
-
-    def _fault(self) -> None:
-        assert self._failed is not None
-        self._on_fault(self._failed)
-        raise durable.StorageFault(self._failed)
 
     def _flush_loop(self) -> None:
         # Syncs begin every interval, however long each takes: an entry waits at most the
@@ -620,13 +602,3 @@ class DurableJournal(Journal):
             self._save_commit_index()
         with self._lock:
             os.close(self._fd)
-
-
-def _pwrite_all(fd: int, data: bytes, at: int) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, at)
-        if written == 0:
-            raise OSError(28, "No space left on device")
-        view = view[written:]
-        at += written

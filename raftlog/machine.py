@@ -47,7 +47,8 @@ from chronomq.raftlog.journal import DurableJournal
 from chronomq.raftlog.journalcheck import check_journal, journal_advice
 from chronomq.raftlog.prevote import LogPosition, PreVoteRound, VoterState
 from chronomq.raftlog.removal import RemovalFile, RemovalNotice
-from chronomq.raftlog.store import FetchTarget, Store, decode_entry, encode_entry
+from chronomq.raftlog.snapshot import FetchTarget, decode_entry, encode_entry
+from chronomq.raftlog.store import Store
 from chronomq.raftlog.ticks import TickWatch
 from chronomq.raftlog.transfer import LeaderView
 
@@ -239,7 +240,6 @@ class ReplicatedLog(SyncObj):
             path,
             flush=self._cfg.flush,
             flush_interval_ms=self._cfg.flush_interval_ms,
-            on_fault=_fatal,
         )
         return self._journal
 
@@ -761,10 +761,11 @@ class ReplicatedLog(SyncObj):
         self._store.applied_index = entry_s[1]
         raft = {"s": encode_entry(entry_s), "s1": encode_entry(entry_s1), "cluster": cluster}
         blob = self._store.snapshot(raft)
+        # pysyncobj renames it into place (transport.durable_replace), or _keep_applied does.
         with open(path, "wb") as f:
             f.write(blob)
             f.flush()
-            os.fsync(f.fileno())
+            durable.fsync(f.fileno(), path)
 
     def _deserialize(self, path: str) -> tuple[Any, Any, Any]:
         starting = not self._started
@@ -867,8 +868,7 @@ class ReplicatedLog(SyncObj):
         try:
             tmp = path + ".keep.tmp"
             self._write_dump(tmp, entry_s, entry_s1, list(raft["cluster"]))
-            os.replace(tmp, path)
-            durable.fsync_dir(os.path.dirname(path))
+            durable.replace(tmp, path)
         except OSError as exc:
             log.warning(
                 "writing a snapshot at index %d failed (%s): restoring instead", applied, exc

@@ -14,7 +14,6 @@ yet either: only a recorded removal makes a node removed.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import os
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from chronomq.raftlog import durable
 
 FILE_NAME = "removed.json"
 SIGNATURE_HEADER = "X-Chronomq-Signature"
@@ -128,27 +129,10 @@ class RemovalFile:
             return RemovalNotice(-1, "", 0, 0, 0, None)
 
     def save(self, notice: RemovalNotice) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(notice.encode())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        _fsync_dir(self.path.parent)
+        durable.write_atomically(self.path, notice.encode(), tmp=self.path.with_suffix(".tmp"))
 
     def clear(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
-        _fsync_dir(self.path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        durable.unlink(self.path, missing_ok=True)
 
 
 def as_json(notice: RemovalNotice | None) -> dict[str, Any] | None:

@@ -8,7 +8,8 @@ The snapshot (:meth:`Store.snapshot`) is *thin*: the CommitLog length and hash c
 (:mod:`chronomq.raftlog.chain`), the tables, and a digest of the last 64 KiB, never the CommitLog itself.
 A node restoring one truncates its CommitLog to that length or fetches the missing bytes from a
 peer (:meth:`Store.restore`), and accepts fetched bytes only when they extend its own chain to
-the snapshot's.
+the snapshot's. Both live in :mod:`chronomq.raftlog.snapshot`, the held client keys in
+:mod:`chronomq.raftlog.clientkeys`.
 
 Idempotency keys come in two kinds. A client's key (its batch carries the fingerprint of the
 request, see :mod:`chronomq.raftlog.command`) is remembered with that fingerprint, the propose time and
@@ -23,13 +24,10 @@ derived records are placed like produced ones and their state lives in ``kv``.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import hashlib
 import itertools
 import logging
 import os
-import struct
 import threading
 import time
 from collections import OrderedDict
@@ -38,38 +36,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from chronomq.raftlog import applycheck, durable, record
+from chronomq.raftlog import applycheck, clientkeys, record
 from chronomq.raftlog import command as cmdcodec
-from chronomq.raftlog.chain import BLOCK_BYTES, Chain, RangeCheck
+from chronomq.raftlog.chain import Chain
+from chronomq.raftlog.clientkeys import CLIENT_ENTRY, ClientKey, fingerprint_bytes, key_digest
 from chronomq.raftlog.commitlog import CommitLog
 from chronomq.raftlog.consumequeue import DEFAULT_MAX_OPEN_FILES, UNIT, ConsumeQueueStore, CqUnit
 from chronomq.raftlog.errors import ApplyRejected, NodeFault, StoreCorruption
 from chronomq.raftlog.extension import ApplyContext, ApplyExtension, DerivedRecord, check_name
+from chronomq.raftlog.snapshot import SnapshotState
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_MAGIC = b"CMQSNAP1"
-#: 3: ``clients`` holds the client idempotency keys (:data:`CLIENT_ENTRY`, base64). 2 (read
-#: only): ``chain`` is :mod:`chronomq.raftlog.chain`'s and ``chain_block`` is there; every key was in
-#: ``idem``. 1 (read only): a chain over commands, which fetched bytes cannot be checked against.
-SNAPSHOT_VERSION = 3
-_SNAP_HEAD = struct.Struct(">8sQ32s")
-TAIL_DIGEST_BYTES = 64 * 1024
-COMPARE_WINDOW_BYTES = 1024 * 1024
 DEFAULT_IDEMPOTENCY_WINDOW = 20_000
 DEFAULT_CLIENT_WINDOW_MS = 600_000
 DEFAULT_CLIENT_MAX_KEYS = 100_000
-#: One remembered client key, as kept in memory and in the snapshot::
-#:
-#:     0            16            32            40             48        52       53
-#:     +------------+-------------+-------------+--------------+---------+--------+
-#:     | key digest | fingerprint | propose_ms  | first phys   | count   | status |
-#:     | blake2b-16 | 16 bytes    | int64       | uint64       | uint32  | uint8  |
-#:     +------------+-------------+-------------+--------------+---------+--------+
-CLIENT_ENTRY = struct.Struct(">16s16sqQIB")
-_PROPOSE_MS = struct.Struct(">q")
 #: How long a command for an extension that is not registered yet waits for it.
 DEFAULT_EXTENSION_WAIT_S = 60.0
 MAX_EXTENSION_NAME = 32
@@ -129,37 +110,6 @@ class TopicLimits:
         return None
 
 
-def key_digest(key: str) -> bytes:
-    """How a client idempotency key is held: 16 bytes, whatever its length."""
-    return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-
-
-def fingerprint_bytes(fingerprint: str) -> bytes:
-    """A command's fingerprint (hex) as held; total for any string a command may carry."""
-    if len(fingerprint) == 32:
-        try:
-            return bytes.fromhex(fingerprint)
-        except ValueError:
-            pass
-    return hashlib.blake2b(fingerprint.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-
-
-@dataclass(frozen=True, slots=True)
-class ClientKey:
-    """What is remembered of a client's idempotency key."""
-
-    fingerprint: bytes
-    propose_ms: int
-    physical_offset: int
-    count: int
-    status: int
-
-    @classmethod
-    def unpack(cls, entry: bytes) -> ClientKey:
-        _, fp, t, phys, n, status = CLIENT_ENTRY.unpack(entry)
-        return cls(fp, t, phys, n, status)
-
-
 @dataclass(frozen=True, slots=True)
 class Placed:
     """Where one message was stored."""
@@ -195,55 +145,6 @@ def _placed(
     )
 
 
-class FetchTarget:
-    """Where CommitLog bytes fetched from peers go while a snapshot is restored.
-
-    Bytes are appended to the CommitLog's files past the store's length (nothing serves or
-    indexes them there) and fed to a :class:`RangeCheck` as they come. The store takes them
-    only when :meth:`verdict` says they extend its chain to the snapshot's; otherwise
-    :meth:`rewind` cuts them off again, so bytes that fail the chain are never part of the
-    store. The fetcher writes each peer's bytes in order and checks at the end of the range.
-    """
-
-    def __init__(self, commitlog: CommitLog, check: RangeCheck) -> None:
-        if commitlog.length != check.start:
-            raise ValueError(f"the CommitLog ends at {commitlog.length}, not at {check.start}")
-        self._commitlog = commitlog
-        self._check = check
-
-    @property
-    def start(self) -> int:
-        return self._check.start
-
-    @property
-    def end(self) -> int:
-        return self._check.end
-
-    @property
-    def position(self) -> int:
-        return self._check.position
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        """Append the next fetched bytes (at :attr:`position`)."""
-        at = self._check.position
-        if at + len(data) > self._check.end:
-            raise ValueError(f"{len(data)} bytes at {at} run past {self._check.end}")
-        self._commitlog.write_raw(at, data)
-        self._check.update(data)
-
-    def verdict(self) -> str | None:
-        """None when ``[start, end)`` is complete and matches the chain; else what is wrong."""
-        return self._check.verdict()
-
-    def rewind(self) -> None:
-        """Throw away every byte written since :attr:`start`."""
-        self._commitlog.truncate(self._check.start)
-        self._check.rewind()
-
-    def chain(self) -> Chain:
-        return self._check.chain()
-
-
 @dataclass(frozen=True, slots=True)
 class BatchOutcome:
     key: str
@@ -267,7 +168,7 @@ class ApplyResult:
     ext: Any = None
 
 
-class Store:
+class Store(SnapshotState):
     def __init__(
         self,
         data_dir: str | os.PathLike[str],
@@ -617,7 +518,7 @@ class Store:
         pending_idem: list[tuple[int, cmdcodec.Batch, int, int]] = []
         seen_now: dict[str, int] = {}  # key -> index of its first outcome in this command
         limits = cmd.idem or self.default_idem
-        self._expire_clients(cmd.propose_ms - limits.client_window_ms)
+        clientkeys.expire(self.clients, cmd.propose_ms - limits.client_window_ms)
         repeats: list[tuple[int, int]] = []  # (outcome idx, outcome idx of the first occurrence)
         msg_at = 0
         byte_at = 0
@@ -814,19 +715,6 @@ class Store:
                 )
             self.clients_evicted += 1
 
-    def _expire_clients(self, cutoff_ms: int) -> None:
-        """Forget client keys proposed at or before ``cutoff_ms``, oldest first.
-
-        Entries are in apply order; propose times from different leaders may step back a
-        little, so an entry behind a younger one waits, and lookups check each entry's time.
-        """
-        clients = self.clients
-        while clients:
-            first = next(iter(clients.values()))
-            if _PROPOSE_MS.unpack_from(first, 32)[0] > cutoff_ms:
-                return
-            clients.popitem(last=False)
-
     def _replay(self, key: str, phys: int, count: int, status: int) -> BatchOutcome:
         """The outcome of a batch applied before, rebuilt from the CommitLog."""
         if status != OK or count == 0:
@@ -843,276 +731,10 @@ class Store:
                 break
         return BatchOutcome(key, OK, tuple(placed), duplicate=True)
 
-    # ------------------------------------------------------------------ snapshot
-
-    def snapshot(self, raft: Mapping[str, object]) -> bytes:
-        """The thin snapshot file's bytes; ``raft`` holds what pysyncobj needs back."""
-        self.sync()
-        with self._ext_cond:
-            for ext in self.extensions.values():
-                ext.before_snapshot(self.applied_index)
-        length = self.applied_length
-        tail_from = max(0, length - TAIL_DIGEST_BYTES)
-        payload = orjson.dumps(
-            {
-                "v": SNAPSHOT_VERSION,
-                "index": self.applied_index,
-                "length": length,
-                "chain": self.chain.hex(),
-                "chain_block": self._chain.block_chain.hex(),
-                "segment_bytes": self.commitlog.segment_bytes,
-                "topics": self.topics,
-                "kv": self.kv,
-                "idem": [[k, *v] for k, v in self.idem.items()],
-                "clients": base64.b64encode(b"".join(self.clients.values())).decode(),
-                "tail_from": tail_from,
-                "tail_digest": self._range_digest(tail_from, length),
-                "raft": raft,
-            }
-        )
-        self.snapshot_index, self.snapshot_length = self.applied_index, length
-        return (
-            _SNAP_HEAD.pack(SNAPSHOT_MAGIC, len(payload), hashlib.sha256(payload).digest())
-            + payload
-        )
-
-    def sync(self) -> None:
-        """Make the CommitLog (and, under ``flush="sync"``, the ConsumeQueues) durable: a
-        snapshot must never cover bytes a power cut can take away, since the journal
-        entries it replaces are dropped after it."""
-        self.commitlog.sync()  # a failed fsync stops the node there
-        if self.flush == "sync":
-            try:
-                self.cqs.sync()
-            except OSError as exc:
-                durable.fail_stop(durable.fsync_failed(self.cqs.directory, exc))
-                raise
-
-    def _range_digest(self, start: int, end: int) -> str:
-        h = hashlib.sha256()
-        for fd, off, n in self.commitlog.ranges(start, end):
-            h.update(os.pread(fd, n, off))
-        return h.hexdigest()
-
-    @staticmethod
-    def parse_snapshot(data: bytes) -> dict[str, Any]:
-        """Check a snapshot's magic, length and hash; return its payload."""
-        if len(data) < _SNAP_HEAD.size:
-            raise StoreCorruption(f"snapshot is {len(data)} bytes, shorter than its header")
-        magic, length, digest = _SNAP_HEAD.unpack_from(data, 0)
-        if magic != SNAPSHOT_MAGIC:
-            raise StoreCorruption("snapshot has a bad magic")
-        payload = data[_SNAP_HEAD.size :]
-        if len(payload) != length:
-            raise StoreCorruption(
-                f"snapshot payload is {len(payload)} bytes, its header says {length}"
-            )
-        if hashlib.sha256(payload).digest() != digest:
-            raise StoreCorruption("snapshot fails its hash")
-        snap = orjson.loads(payload)
-        if snap.get("v") not in (1, 2, SNAPSHOT_VERSION):
-            raise StoreCorruption(f"snapshot version {snap.get('v')} is not supported")
-        return snap
-
-    def restore(
-        self,
-        snap: Mapping[str, Any],
-        fetch: Callable[[FetchTarget], None],
-        peer_bytes: Callable[[int, int], bytes | None] | None = None,
-    ) -> None:
-        """Make this store exactly the snapshot's state.
-
-        The CommitLog is truncated to the snapshot's length, or the missing bytes are
-        fetched by ``fetch(target)``, which appends them through ``target`` (a
-        :class:`FetchTarget`: it checks them against the snapshot's hash chain, and throws away
-        bytes that fail it). Before fetching, the local tail is compared with a peer's
-        (``peer_bytes(start, end)``, None when no peer answers); a CommitLog that differs is
-        discarded and fetched whole, as is one whose chain this node does not know (at start,
-        with a CommitLog shorter than the snapshot's). Then the chain and the tail digest are
-        checked and ConsumeQueues are cut or rebuilt to match.
-        """
-        length = int(snap["length"])
-        if snap["segment_bytes"] != self.commitlog.segment_bytes:
-            raise StoreCorruption(
-                f"snapshot was taken with commitlog_segment_bytes={snap['segment_bytes']}, "
-                f"this node has {self.commitlog.segment_bytes}: the setting must be equal on all nodes"
-            )
-        # Nothing past this is served to peers until the store is restored.
-        self.applied_length = min(self.applied_length, self.commitlog.length)
-        have = self.commitlog.length
-        if 0 < have < length and peer_bytes is not None and not self._tail_agrees(have, peer_bytes):
-            # Where the tail departs is not known, and a later window can match by chance
-            # (segment padding): start again from an empty CommitLog.
-            log.error(
-                "the local CommitLog's last bytes before %d differ from a peer's: "
-                "discarding it and fetching all %d bytes again",
-                have,
-                length,
-            )
-            have = self._discard_commitlog()
-        if 0 < have < length and self._chain.length != have:
-            log.warning(
-                "the local CommitLog's %d bytes have no known hash chain (not applied since "
-                "start): discarding them and fetching all %d bytes, so that every byte is checked",
-                have,
-                length,
-            )
-            have = self._discard_commitlog()
-        if snap["v"] == 1:
-            self._restore_v1_chain(snap, fetch)
-            have = length
-        elif have >= length:
-            damage = self._local_prefix_damage(snap)
-            if damage is not None:
-                # A damaged CommitLog (a torn or corrupted file, a diverged tail): the peers
-                # hold the same bytes; fetch them all again, each checked against the chain.
-                log.error(
-                    "the CommitLog in %s does not match the snapshot at index %s (%s): "
-                    "discarding it and fetching all %d bytes again from a peer",
-                    self.commitlog.directory,
-                    snap["index"],
-                    damage,
-                    length,
-                )
-                have = self._discard_commitlog()
-        if have < length:
-            log.info(
-                "CommitLog is %d bytes, snapshot needs %d: fetching the rest from a peer",
-                have,
-                length,
-            )
-            target = FetchTarget(
-                self.commitlog,
-                RangeCheck(self._chain, length, bytes.fromhex(str(snap["chain"]))),
-            )
-            try:
-                fetch(target)
-            except BaseException:
-                target.rewind()  # what was fetched so far is not checked: never keep it
-                raise
-            failed = target.verdict()
-            if failed is not None:
-                target.rewind()
-                raise StoreCorruption(f"fetching the CommitLog failed: {failed}")
-            self._chain = target.chain()
-        tail_from = int(snap["tail_from"])
-        if self._range_digest(tail_from, length) != snap["tail_digest"]:
-            raise StoreCorruption(
-                f"the CommitLog in {self.commitlog.directory}: its last 64 KiB before {length} "
-                "differ from the snapshot's: replica diverged"
-            )
-        topics = {t: list(q) for t, q in snap["topics"].items()}
-        expected = {(t, i): n for t, qs in topics.items() for i, n in enumerate(qs)}
-        self.cqs.repair(self.commitlog, expected)
-        self.topics = topics
-        self.kv = dict(snap["kv"])
-        self.idem = OrderedDict((k, (p, n, s)) for k, p, n, s in snap["idem"])
-        self.clients = _clients_from(snap.get("clients", ""))
-        self.applied_index = int(snap["index"])
-        self.applied_length = length
-        self.settled = True
-        self.snapshot_index, self.snapshot_length = self.applied_index, length
-        self._reattach_extensions()
-
-    def _local_prefix_damage(self, snap: Mapping[str, Any]) -> str | None:
-        """Cut the local CommitLog to the snapshot's length and check it there: None when its
-        hash chain and last 64 KiB are the snapshot's (the chain is then set), else what
-        differs."""
-        length = int(snap["length"])
-        self.commitlog.truncate(length)
-        try:
-            chain = self._local_chain(length, bytes.fromhex(str(snap["chain_block"])))
-            if chain.value().hex() != snap["chain"]:
-                return f"its last block before {length} fails the snapshot's hash chain"
-            tail_from = int(snap["tail_from"])
-            if self._range_digest(tail_from, length) != snap["tail_digest"]:
-                return f"its last 64 KiB before {length} differ from the snapshot's"
-        except (OSError, StoreCorruption) as exc:
-            return f"reading it failed: {exc}"
-        self._chain = chain
-        return None
-
-    def _discard_commitlog(self) -> int:
-        self.commitlog.truncate(0)
-        self.cqs.repair(self.commitlog, {})
-        self._chain = Chain()
-        self.applied_length = 0
-        return 0
-
-    def _local_chain(self, length: int, block_chain: bytes) -> Chain:
-        """The chain at ``length`` from a snapshot's block chain and the local last block."""
-        start = length - length % BLOCK_BYTES
-        return Chain(length, block_chain, self.commitlog.read_range(start, length))
-
-    def _restore_v1_chain(
-        self, snap: Mapping[str, Any], fetch: Callable[[FetchTarget], None]
-    ) -> None:
-        """A snapshot written before the chain covered the byte stream: its chain cannot
-        check fetched bytes, so only the tail digest does, and the chain is recomputed."""
-        length = int(snap["length"])
-        have = self.commitlog.length
-        if have >= length:
-            self.commitlog.truncate(length)
-        else:
-            log.warning(
-                "snapshot format 1 has no hash chain to check fetched bytes against: "
-                "CommitLog [%d, %d) is checked by its last 64 KiB only",
-                have,
-                length,
-            )
-            target = FetchTarget(self.commitlog, RangeCheck(self._chain, length, b""))
-            fetch(target)
-            if target.position != length:
-                target.rewind()
-                raise StoreCorruption(f"fetched CommitLog ends at {target.position}, not {length}")
-        self._chain = Chain.over(
-            os.pread(fd, n, off) for fd, off, n in self.commitlog.ranges(0, length)
-        )
-
-    def holds(
-        self, snap: Mapping[str, Any], peer_bytes: Callable[[int, int], bytes | None]
-    ) -> bool:
-        """Whether this store already holds the snapshot's state and went on along the same
-        history, so that restoring it would only take the store back.
-
-        The CommitLog must be at least the snapshot's length and its bytes before that length
-        must end as the snapshot's do (the same last 64 KiB, the check :meth:`restore`
-        trusts). Bytes past that length must end as a peer's do at the same offsets
-        (``peer_bytes(start, end)``, None when no peer has them all): a tail the cluster never
-        committed can only end where the local CommitLog ends, and restoring the snapshot is
-        what replaces such a tail. False when no peer answers.
-        """
-        length = int(snap["length"])
-        have = self.applied_length
-        if snap["segment_bytes"] != self.commitlog.segment_bytes:
-            return False
-        if have < length or self.commitlog.length != have:
-            return False
-        if self._range_digest(int(snap["tail_from"]), length) != snap["tail_digest"]:
-            return False
-        if have == length:
-            return True
-        start = max(length, have - COMPARE_WINDOW_BYTES)
-        theirs = peer_bytes(start, have)
-        return theirs is not None and theirs == self.commitlog.read_range(start, have)
-
     def _reattach_extensions(self) -> None:
         with self._ext_cond:
             for ext in self.extensions.values():
                 ext.attach(self)
-
-    def _tail_agrees(self, have: int, peer_bytes: Callable[[int, int], bytes | None]) -> bool:
-        """Whether the last bytes of the local CommitLog equal a peer's at the same offsets.
-
-        Bytes a replica holds that the cluster never committed can only be a tail ending at
-        ``have``, and its last record (ids, timestamps) cannot match another by chance. True
-        when no peer answers: the fetch then fails, or the digest check catches a difference.
-        """
-        start = max(self.commitlog.min_offset, have - COMPARE_WINDOW_BYTES)
-        theirs = peer_bytes(start, have)
-        if theirs is None:
-            return True
-        return self.commitlog.read_range(start, have) == theirs
 
     def reset(self) -> None:
         """Empty state: used before pysyncobj replays a journal from its start."""
@@ -1146,23 +768,3 @@ def _reused(key: str) -> BatchOutcome:
         KEY_REUSED,
         detail="this Idempotency-Key was used with a different request within the idempotency window",
     )
-
-
-def _clients_from(text: str) -> OrderedDict[bytes, bytes]:
-    """Client keys from a snapshot's ``clients`` field (empty before version 3)."""
-    data = base64.b64decode(text)
-    size = CLIENT_ENTRY.size
-    if len(data) % size:
-        raise StoreCorruption(
-            f"snapshot's client keys are {len(data)} bytes, not a multiple of {size}"
-        )
-    return OrderedDict((data[i : i + 16], data[i : i + size]) for i in range(0, len(data), size))
-
-
-def encode_entry(entry: tuple[bytes, int, int]) -> list[object]:
-    return [base64.b64encode(entry[0]).decode(), entry[1], entry[2]]
-
-
-def decode_entry(data: Iterable[Any]) -> tuple[bytes, int, int]:
-    cmd, idx, term = data
-    return base64.b64decode(str(cmd)), int(idx), int(term)

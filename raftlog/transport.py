@@ -35,7 +35,6 @@ Every adjustment to pysyncobj 0.3.17 that this takes, each small and in one plac
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
@@ -80,22 +79,8 @@ def install() -> None:
 def durable_replace(src: str, dst: str) -> None:
     """Rename ``src`` over ``dst``, both the file's bytes and its new name synced; a failed
     fsync stops the node."""
-    fd = os.open(src, os.O_RDONLY)
-    try:
-        _synced(lambda: os.fsync(fd), src)
-    finally:
-        os.close(fd)
-    os.replace(src, dst)
-    folder = os.path.dirname(dst) or "."
-    _synced(lambda: durable.fsync_dir(folder), folder)
-
-
-def _synced(sync: Any, what: str) -> None:
-    try:
-        sync()
-    except OSError as exc:
-        durable.fail_stop(durable.fsync_failed(what, exc))
-        raise
+    durable.sync_file(src)
+    durable.replace(src, dst)
 
 
 def _describe(message: Any) -> str:

@@ -33,7 +33,6 @@ lets a restarting node know how much of its TimerLog and wheel it can trust:
 
 from __future__ import annotations
 
-import os
 import struct
 import zlib
 from dataclasses import dataclass
@@ -42,7 +41,6 @@ from pathlib import Path
 from chronomq.raftlog import durable
 from chronomq.timer.config import TimerConfig
 from chronomq.timer.cursor import ReadCursor
-from chronomq.timer.durable import replace_durably
 from chronomq.timer.errors import (
     BadMagic,
     ChecksumMismatch,
@@ -112,15 +110,7 @@ def decode_checkpoint(data: bytes, *, path: Path | None = None) -> Checkpoint:
 
 def save_checkpoint(path: Path | str, cp: Checkpoint) -> None:
     """Replace the checkpoint file atomically: temp file, fsync, rename, fsync the directory."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, encode_checkpoint(cp))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    replace_durably(tmp, path)
+    durable.write_atomically(path, encode_checkpoint(cp), mode=0o644)
 
 
 def load_checkpoint(path: Path | str) -> Checkpoint | None:

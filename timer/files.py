@@ -252,16 +252,18 @@ class TimerFiles:
 
         The dirty marker exists while the wheel file is being written: a crash in between
         leaves it, and the next start rebuilds the wheel rather than trusting a half-written
-        file.
+        file. Its name is synced before the first slot is written, or a power cut could keep
+        some of the slots and lose the marker.
         """
         marker = self.root / DIRTY_MARKER
         flush_pos = self.log.flush()
         if self.wheel.dirty_slots:
             fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                os.fsync(fd)
+                durable.fsync(fd, marker)
             finally:
                 os.close(fd)
+            durable.fsync_dir(self.root)
             self.wheel.flush(durable_log_end=flush_pos)
         cp = Checkpoint(
             precision_ms=self.config.timer_precision_ms,

@@ -44,7 +44,6 @@ next segment.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
@@ -357,9 +356,7 @@ class TimerLog:
             self._bases.append(base)
         fd = self._fd(base, create=True)
         data = encode_record(record)
-        written = os.pwrite(fd, data, pos - base)
-        if written != RECORD_SIZE:
-            raise OSError(f"short write of TimerLog record at {pos}: {written} bytes")
+        durable.pwrite_all(fd, data, pos - base, self._segment_path(base))
         self._dirty.add(base)
         self._end = pos + RECORD_SIZE
         if self._capture is not None:
@@ -380,9 +377,9 @@ class TimerLog:
         self._check_open()
         for base in sorted(self._dirty):
             if base in self._bases:
-                os.fsync(self._fd(base))
+                durable.fsync(self._fd(base), self._segment_path(base))
         if self._dirty:
-            _fsync_dir(self._dir)
+            durable.fsync_dir(self._dir)
         self._dirty.clear()
         self._flushed = self._end
         return self._flushed
@@ -525,15 +522,18 @@ class TimerLog:
             self._open.move_to_end(base)
             return fd
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
-        fd = os.open(self._dir / f"{base:020d}", flags, 0o644)
+        fd = os.open(self._segment_path(base), flags, 0o644)
         self._open[base] = fd
         while len(self._open) > _MAX_OPEN_SEGMENTS:
             old, old_fd = self._open.popitem(last=False)
             if old in self._dirty:
-                os.fsync(old_fd)
+                durable.fsync(old_fd, self._segment_path(old))
                 self._dirty.discard(old)
             os.close(old_fd)
         return fd
+
+    def _segment_path(self, base: int) -> Path:
+        return self._dir / f"{base:020d}"
 
     def _forget(self, base: int) -> None:
         self._block = (-1, 0, b"")
@@ -545,15 +545,6 @@ class TimerLog:
     def _check_open(self) -> None:
         if self._closed:
             raise TimerStateError(f"TimerLog {self._dir} is closed")
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_records(

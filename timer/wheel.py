@@ -44,7 +44,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chronomq.raftlog import durable
-from chronomq.timer.durable import replace_durably
 from chronomq.timer.errors import (
     BadMagic,
     ChecksumMismatch,
@@ -286,9 +285,10 @@ class TimerWheel:
         for i in range(1, len(indexes) + 1):
             if i == len(indexes) or indexes[i] != indexes[i - 1] + 1:
                 chunk = b"".join(self._dirty[j] for j in indexes[run_start:i])
-                os.pwrite(self._fd, chunk, HEADER_SIZE + indexes[run_start] * SLOT_SIZE)
+                at = HEADER_SIZE + indexes[run_start] * SLOT_SIZE
+                durable.pwrite_all(self._fd, chunk, at, self._path)
                 run_start = i
-        os.fsync(self._fd)
+        durable.fsync(self._fd, self._path)
         written = len(self._dirty)
         self._dirty.clear()
         return written
@@ -320,11 +320,6 @@ class TimerWheel:
 def _create(path: Path, geometry: SlotGeometry, size: int) -> None:
     durable.make_dirs(path.parent)
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.pwrite(fd, encode_header(geometry), 0)
+    with durable.atomic_file(path, tmp=tmp, mode=0o644) as fd:
+        durable.pwrite_all(fd, encode_header(geometry), 0, tmp)
         os.ftruncate(fd, size)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    replace_durably(tmp, path)

@@ -29,7 +29,7 @@ from chronomq.raftlog.catchup import (
 )
 from chronomq.raftlog.chain import Chain, RangeCheck
 from chronomq.raftlog.commitlog import CommitLog
-from chronomq.raftlog.store import FetchTarget
+from chronomq.raftlog.snapshot import FetchTarget
 
 from ._util import commitlog_bytes, free_port, rec, wait_until
 

@@ -14,7 +14,7 @@ def test_make_dirs_syncs_each_new_directory_in_its_parent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     synced: list[Path] = []
-    monkeypatch.setattr(durable, "fsync_dir", lambda p: synced.append(Path(p)))
+    monkeypatch.setattr(durable, "fsync_dir", lambda p, **kw: synced.append(Path(p)))
     (tmp_path / "data").mkdir()
     durable.make_dirs(tmp_path / "data" / "raft" / "x")
     assert (tmp_path / "data" / "raft" / "x").is_dir()
@@ -33,7 +33,7 @@ def test_the_stores_create_their_folders_durably(
 
     synced: list[Path] = []
     real = durable.fsync_dir
-    monkeypatch.setattr(durable, "fsync_dir", lambda p: (synced.append(Path(p)), real(p)))
+    monkeypatch.setattr(durable, "fsync_dir", lambda p, **kw: (synced.append(Path(p)), real(p)))
     log = CommitLog(tmp_path / "data" / "commitlog")
     try:
         assert tmp_path / "data" in synced and tmp_path in synced

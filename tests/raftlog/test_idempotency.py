@@ -15,15 +15,9 @@ import orjson
 import pytest
 
 from chronomq.raftlog import command as cmdcodec
-from chronomq.raftlog.store import (
-    CLIENT_ENTRY,
-    KEY_REUSED,
-    OK,
-    SNAPSHOT_MAGIC,
-    ApplyResult,
-    Store,
-    key_digest,
-)
+from chronomq.raftlog.clientkeys import CLIENT_ENTRY, key_digest
+from chronomq.raftlog.snapshot import SNAPSHOT_MAGIC
+from chronomq.raftlog.store import KEY_REUSED, OK, ApplyResult, Store
 
 from ._util import STORE_MS, rec
 

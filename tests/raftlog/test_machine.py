@@ -12,7 +12,8 @@ from pysyncobj.transport import TCPNode
 
 from chronomq.raftlog.config import RaftConfig, RaftPeer
 from chronomq.raftlog.machine import ReplicatedLog
-from chronomq.raftlog.store import FetchTarget, Store, encode_entry
+from chronomq.raftlog.snapshot import FetchTarget, encode_entry
+from chronomq.raftlog.store import Store
 
 from ._util import B, barrier, command, free_port
 

@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from chronomq.raftlog import durable
 from chronomq.raftlog.removal import NoticeRefused, RemovalFile, RemovalNotice, sign, verify
+
+from ._fsync import Faults, FsyncSpy
 
 SECRET = b"s" * 32
 NOTICE = RemovalNotice(3, "127.0.0.1:26303", 120, 7, 1_790_000_000_000, 0)
@@ -57,3 +60,21 @@ def test_the_file_survives_and_a_damaged_one_still_means_removed(tmp_path: Path)
     f.clear()
     assert f.load() is None
     f.clear()  # twice is fine
+
+
+def test_a_failed_sync_of_the_notice_stops_the_node(
+    tmp_path: Path, spy: FsyncSpy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Saving and clearing the notice sync its directory; a failure stops the node (a failed
+    directory sync on clearing used to be ignored)."""
+    faults = Faults()
+    monkeypatch.setattr(durable, "fail_stop", faults)
+    f = RemovalFile(tmp_path)
+    f.save(NOTICE)
+    assert spy.paths() == [str(tmp_path / "removed.tmp"), str(tmp_path)]
+    spy.fail = lambda path: path == str(tmp_path)
+    with pytest.raises(durable.StorageFault):
+        f.clear()
+    with pytest.raises(durable.StorageFault):
+        f.save(NOTICE)
+    assert [m.split(" failed")[0] for m in faults.messages] == [f"fsync of {tmp_path}"] * 2

@@ -13,17 +13,15 @@ import orjson
 import pytest
 
 from chronomq.raftlog import record
-from chronomq.raftlog import store as store_module
+from chronomq.raftlog import snapshot as snapshot_module
 from chronomq.raftlog.errors import StoreCorruption
+from chronomq.raftlog.snapshot import FetchTarget, decode_entry, encode_entry
 from chronomq.raftlog.store import (
     BAD_QUEUE,
     CONDITION_FAILED,
     OK,
     ApplyResult,
-    FetchTarget,
     Store,
-    decode_entry,
-    encode_entry,
 )
 
 from ._fsync import FsyncSpy
@@ -458,7 +456,7 @@ def _corruptions(data: bytes) -> list[tuple[str, bytes]]:
     bad_hash[20] ^= 1
     bad_magic = b"CMQSNAP2" + data[8:]
     head = struct.Struct(">8sQ32s")
-    v3 = orjson.dumps({"v": store_module.SNAPSHOT_VERSION + 1})
+    v3 = orjson.dumps({"v": snapshot_module.SNAPSHOT_VERSION + 1})
     return [
         ("flipped payload", bytes(flipped)),
         ("bad hash", bytes(bad_hash)),
@@ -594,7 +592,7 @@ def test_restore_replaces_a_tail_the_cluster_never_committed(
     make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch, window: int
 ) -> None:
     """A replica that applied entries the cluster replaced (a cut-off leader's) is repaired."""
-    monkeypatch.setattr(store_module, "COMPARE_WINDOW_BYTES", window)
+    monkeypatch.setattr(snapshot_module, "COMPARE_WINDOW_BYTES", window)
     a, b = make_store("a"), make_store("b")
     cmds = random_commands(31, 90)
     apply_a, apply_b = Applier(a), Applier(b)

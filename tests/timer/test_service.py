@@ -383,7 +383,8 @@ def test_stop_and_start_dequeue_and_enqueue(make_group: Any) -> None:
 def restart(g: Group, i: int, snapshot: bytes, after_index: int, fetch_from: int | None) -> None:
     """Replace replica ``i`` by a fresh process's view: reopen its files, restore
     ``snapshot``, register the timer (which realigns its files), replay the log after it."""
-    from chronomq.raftlog.store import FetchTarget, Store
+    from chronomq.raftlog.snapshot import FetchTarget
+    from chronomq.raftlog.store import Store
     from tests.timer.fakes import FakeRaftLog
 
     g.logs[i].store.close()
