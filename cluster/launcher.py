@@ -26,14 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from chronomq.cluster.config import (
-    ENV_PREFIX,
-    KEY_BY_NAME,
     ConfigError,
-    _coerce,
     is_loopback_host,
     load,
+    parse_setting,
     to_toml,
 )
+from chronomq.cluster.configkeys import ENV_PREFIX, KEY_BY_NAME
 
 HOST = "127.0.0.1"
 
@@ -214,12 +213,7 @@ class LocalCluster:
             "grpc_port": self.grpc_port + i,
         }
         for name, value in {**self.settings, **self.node_settings.get(i, {})}.items():
-            key = KEY_BY_NAME.get(name)
-            if key is None:
-                raise ConfigError(name, "unknown key")
-            values[name] = _coerce(
-                key, value, from_env=isinstance(value, str) and key.type is not str
-            )
+            values[name] = parse_setting(name, value)
         values.update(self._security)
         values["peers"] = peers
         return values

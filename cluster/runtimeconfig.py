@@ -40,7 +40,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from chronomq.cluster.config import KEY_BY_NAME, KEYS, ConfigError, NodeConfig, parse_value
+from chronomq.cluster.config import ConfigError, NodeConfig, parse_value
+from chronomq.cluster.configkeys import KEY_BY_NAME, KEYS
 from chronomq.cluster.errors import ApiError, bad_request
 from chronomq.schedule.service import ASYNC, MODE_KEY, SYNC
 from chronomq.timer.state import STOP_DEQUEUE, STOP_ENQUEUE

@@ -34,7 +34,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from chronomq.cluster.config import KEY_BY_NAME, KEYS, ConfigError, Key, load
+from chronomq.cluster.config import ConfigError, load
+from chronomq.cluster.configkeys import KEY_BY_NAME, KEYS, Key
 from chronomq.cluster.launcher import LocalCluster
 from tests.integration.conftest import dump_logs, free_port_base
 
