@@ -4,22 +4,26 @@ The keys themselves (type, default, limits, documentation) are the table in
 :mod:`chronomq.cluster.configkeys`. This module reads them: defaults, then the TOML file, then
 ``CHRONOMQ_*`` variables, then overrides (``--set``), each value checked against its key, into a
 :class:`NodeConfig` with one typed attribute per key. A bad file, key or value stops the node at
-start with a message naming the key.
+start with a message naming the key. A renamed key's old name is still accepted for one
+release: it is read as the new one, and a warning naming both is logged once per key.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import tomllib
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chronomq.cluster.configkeys import ENV_PREFIX, KEY_BY_NAME, KEYS, Key
+from chronomq.cluster.configkeys import ENV_PREFIX, KEY_BY_NAME, KEYS, RENAMED, Key
 from chronomq.raftlog.config import RaftConfig, RaftPeer, default_max_pending_bytes
+
+log = logging.getLogger(__name__)
 
 MIN_SECRET_CHARS = 16
 # Keys naming a file that holds a secret key's value: ``<key>_file`` -> ``<key>``.
@@ -33,6 +37,61 @@ class ConfigError(ValueError):
         super().__init__(f"{key}: {problem}")
         self.key = key
         self.problem = problem
+
+
+# ---------------------------------------------------------------------- renamed keys
+
+_warned: set[str] = set()
+
+
+def current_name(name: str) -> str:
+    """``name``, or the current name of the key once called ``name`` (warned about once)."""
+    new = RENAMED.get(name)
+    if new is None:
+        return name
+    warn_renamed((name,))
+    return new
+
+
+def warn_renamed(old_names: Iterable[str]) -> None:
+    """Log that each old key name is deprecated, naming its new name: once per name and
+    process."""
+    for old in old_names:
+        if old in _warned:
+            continue
+        _warned.add(old)
+        new = RENAMED[old]
+        log.warning(
+            "config key %s is renamed %s (environment %s%s): the old name is still read in "
+            "this release only; use the new one",
+            old,
+            new,
+            ENV_PREFIX,
+            new.upper(),
+        )
+
+
+def _read(
+    items: Iterable[tuple[str, Any]],
+    read: Callable[[Key, Any], Any],
+    renamed: list[str],
+    unknown: str = "unknown key",
+) -> dict[str, Any]:
+    """The ``(name, value)`` pairs of one source, each value checked by ``read``, keyed by the
+    keys' current names; the old names met are added to ``renamed``. An unknown name, or a key
+    named both ways, is a :class:`ConfigError`."""
+    out: dict[str, Any] = {}
+    for name, value in items:
+        current = RENAMED.get(name, name)
+        key = KEY_BY_NAME.get(current)
+        if key is None:
+            raise ConfigError(name, unknown)
+        if current in out:
+            raise ConfigError(current, f"set {current} or its old name {key.formerly}, not both")
+        if current != name:
+            renamed.append(name)
+        out[current] = read(key, value)
+    return out
 
 
 # ---------------------------------------------------------------------- values
@@ -53,6 +112,18 @@ def parse_setting(name: str, value: Any) -> Any:
     key = KEY_BY_NAME.get(name)
     if key is None:
         raise ConfigError(name, "unknown key")
+    return _from_setting(key, value)
+
+
+def _from_file(key: Key, value: Any) -> Any:
+    return _coerce(key, value, from_env=False)
+
+
+def _from_env(key: Key, value: Any) -> Any:
+    return _coerce(key, value, from_env=True)
+
+
+def _from_setting(key: Key, value: Any) -> Any:
     return _coerce(key, value, from_env=isinstance(value, str) and key.type is not str)
 
 
@@ -109,7 +180,8 @@ class NodeConfig:
     :data:`~chronomq.cluster.configkeys.KEYS`, in the table's order (checked below, at import).
 
     ``peers`` holds the checked :class:`Peer` entries; :meth:`values` gives every key as it was
-    set.
+    set. ``renamed_keys`` names the old key names this config was given (see
+    :func:`warn_renamed`).
     """
 
     # Identity and addresses.
@@ -130,7 +202,7 @@ class NodeConfig:
     file_reserved_time_h: float
     disk_max_used_space_ratio: float
     disk_space_warning_level_ratio: float
-    max_message_size: int
+    max_message_bytes: int
     max_request_bytes: int
     max_messages_per_request: int
     max_pull_messages: int
@@ -154,7 +226,7 @@ class NodeConfig:
     max_pending_messages: int
     max_pending_bytes: int
     commit_timeout_ms: int
-    idempotency_window: int
+    idempotency_window_batches: int
     idempotency_window_s: int
     idempotency_max_keys: int
     append_entries_period_ms: int
@@ -201,14 +273,15 @@ class NodeConfig:
     renew_max_per_second: int
     # Timer service (RocketMQ 5.x, RIP-43).
     timer_precision_ms: int
-    timer_max_delay_sec: int
+    timer_max_delay_s: int
     timer_roll_window_slots: int
     timer_congest_num_each_slot: int
     timer_stop_enqueue: bool
     timer_stop_dequeue: bool
 
-    def __init__(self, values: Mapping[str, Any]) -> None:
+    def __init__(self, values: Mapping[str, Any], renamed_keys: Iterable[str] = ()) -> None:
         self._values = dict(values)
+        self.renamed_keys = tuple(renamed_keys)
         for key in KEYS:
             setattr(self, key.name, self._values[key.name])
         self.peers = self._parse_peers(self._values["peers"])
@@ -322,8 +395,9 @@ class NodeConfig:
     def with_changes(self, changes: Mapping[str, Any]) -> NodeConfig:
         values = dict(self._values)
         for name, value in changes.items():
-            values[name] = parse_value(name, value)
-        return NodeConfig(values)
+            current = current_name(name)
+            values[current] = parse_value(current, value)
+        return NodeConfig(values, self.renamed_keys)
 
     def raft_config(self) -> RaftConfig:
         return RaftConfig(
@@ -333,14 +407,14 @@ class NodeConfig:
             peers=tuple(RaftPeer(p.raft, p.fetch) for p in self.peers),
             flush=self.flush,
             commitlog_segment_bytes=self.commitlog_segment_bytes,
-            max_message_bytes=self.max_message_size,
+            max_message_bytes=self.max_message_bytes,
             batch_max_messages=self.batch_max_messages,
             batch_max_bytes=self.batch_max_bytes,
             max_inflight_commands=self.max_inflight_commands,
             max_pending_messages=self.max_pending_messages,
             max_pending_bytes=self.max_pending_bytes or default_max_pending_bytes(),
             commit_timeout_ms=self.commit_timeout_ms,
-            idempotency_window=self.idempotency_window,
+            idempotency_window_batches=self.idempotency_window_batches,
             idempotency_window_s=self.idempotency_window_s,
             idempotency_max_keys=self.idempotency_max_keys,
             default_topic_queues=self.default_topic_queues,
@@ -383,9 +457,15 @@ def load(
     *,
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
+    warn: bool = True,
 ) -> NodeConfig:
-    """Defaults, then the TOML file, then ``CHRONOMQ_*`` variables, then ``overrides``."""
+    """Defaults, then the TOML file, then ``CHRONOMQ_*`` variables, then ``overrides``.
+
+    An old name of a renamed key is read as the new one and warned about (:func:`warn_renamed`),
+    unless ``warn`` is False: then the caller warns about ``renamed_keys`` later (a node, once
+    its logging is set up)."""
     values: dict[str, Any] = {k.name: k.default for k in KEYS}
+    renamed: list[str] = []
     if path is not None:
         try:
             with open(path, "rb") as f:
@@ -394,24 +474,24 @@ def load(
             raise ConfigError("config", f"file {path} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError("config", f"{path} is not valid TOML: {exc}") from None
-        for name, value in data.items():
-            key = KEY_BY_NAME.get(name)
-            if key is None:
-                raise ConfigError(name, f"unknown key in {path}")
-            values[name] = _coerce(key, value, from_env=False)
+        values.update(_read(data.items(), _from_file, renamed, unknown=f"unknown key in {path}"))
     env = os.environ if environ is None else environ
-    for key in KEYS:
-        raw = env.get(ENV_PREFIX + key.name.upper())
-        if raw is not None:
-            values[key.name] = _coerce(key, raw, from_env=True)
-    for name, value in (overrides or {}).items():
-        values[name] = parse_setting(name, value)
+    from_env = (
+        (name, env[ENV_PREFIX + name.upper()])
+        for name in (*KEY_BY_NAME, *RENAMED)
+        if ENV_PREFIX + name.upper() in env
+    )
+    values.update(_read(from_env, _from_env, renamed))
+    values.update(_read((overrides or {}).items(), _from_setting, renamed))
     for name in ("data_dir", "ops_log_dir"):
         if values[name]:
             values[name] = str(Path(values[name]).expanduser().absolute())
     for name in SECRET_FILE_KEYS:
         _read_secret_file(values, name)
-    return NodeConfig(values)
+    config = NodeConfig(values, dict.fromkeys(renamed))
+    if warn:
+        warn_renamed(config.renamed_keys)
+    return config
 
 
 def host_port_problem(value: object) -> str | None:

@@ -47,6 +47,11 @@ def reference() -> str:
     ]
     for key in KEYS:
         doc = " ".join(key.doc.split()).replace("|", "\\|")
+        if key.formerly:
+            doc += (
+                f" Formerly `{key.formerly}` (`{ENV_PREFIX}{key.formerly.upper()}`), still read "
+                "in this release, with a warning."
+            )
         rows.append(
             f"| `{key.name}` | {key.type.__name__} | {_default(key)} | {_range(key)} | "
             f"{'yes' if key.runtime else ''} | `{ENV_PREFIX}{key.name.upper()}` | {doc} |"

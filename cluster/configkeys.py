@@ -6,7 +6,9 @@ row (checked when it is imported), loading and validation live in :mod:`chronomq
 and the README's configuration reference is generated from this table
 (``chronomq config reference``).
 
-Names follow RocketMQ's where one exists, in snake_case.
+Names follow RocketMQ's where one exists, in snake_case, with the unit last: ``_ms``, ``_s``,
+``_h``, ``_bytes``; a count names what it counts (``_messages``, ``_batches``, ``_slots``).
+A key renamed for that keeps its old name in ``formerly`` for one release.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ class Key:
     choices: tuple[str, ...] | None = None
     secret: bool = False
     check: Callable[[Any], str | None] | None = None  # returns a problem or None
+    # The key's name before it was renamed: still accepted in config files, CHRONOMQ_*
+    # variables, --set and PATCH /v1/admin/config, with a warning naming both, for one release.
+    formerly: str | None = None
 
 
 def _delay_levels(value: Any) -> str | None:
@@ -148,12 +153,13 @@ KEYS: tuple[Key, ...] = (
         max=1.0,
     ),
     Key(
-        "max_message_size",
+        "max_message_bytes",
         int,
         4 * 1024 * 1024,
         "Largest message body in bytes.",
         min=1,
         max=64 * 1024 * 1024,
+        formerly="max_message_size",
     ),
     Key(
         "max_request_bytes",
@@ -307,13 +313,14 @@ KEYS: tuple[Key, ...] = (
         max=600_000,
     ),
     Key(
-        "idempotency_window",
+        "idempotency_window_batches",
         int,
         20_000,
         "Internal batches (the node's own writes) remembered by count to drop retried "
         "duplicates. Client keys no longer count here: see idempotency_window_s.",
         min=100,
         max=10_000_000,
+        formerly="idempotency_window",
     ),
     Key(
         "idempotency_window_s",
@@ -372,7 +379,7 @@ KEYS: tuple[Key, ...] = (
         int,
         1000,
         "Lower bound of the election timeout. The heartbeat budget: a follower busy with a "
-        "large entry (up to max_message_size, or one append batch of a larger request) must "
+        "large entry (up to max_message_bytes, or one append batch of a larger request) must "
         "hear the leader within it; 300 deposed leaders under 4 MiB messages on 2 cores.",
         min=10,
         max=60_000,
@@ -635,12 +642,13 @@ KEYS: tuple[Key, ...] = (
     # Timer service (RocketMQ 5.x, RIP-43).
     Key("timer_precision_ms", int, 100, "Timer wheel slot width.", min=10, max=1000),
     Key(
-        "timer_max_delay_sec",
+        "timer_max_delay_s",
         int,
         365 * 86400,
-        "Longest accepted timer delay.",
+        "Longest accepted timer delay (RocketMQ's timerMaxDelaySec).",
         min=1,
         max=10 * 365 * 86400,
+        formerly="timer_max_delay_sec",
     ),
     Key(
         "timer_roll_window_slots",
@@ -677,3 +685,6 @@ KEYS: tuple[Key, ...] = (
 )
 
 KEY_BY_NAME: Final[Mapping[str, Key]] = {k.name: k for k in KEYS}
+
+RENAMED: Final[Mapping[str, str]] = {k.formerly: k.name for k in KEYS if k.formerly}
+"""Old name -> current name, for each renamed key."""

@@ -58,7 +58,7 @@ SNAPSHOT_VERSION = 3
 _SNAP_HEAD = struct.Struct(">8sQ32s")
 TAIL_DIGEST_BYTES = 64 * 1024
 COMPARE_WINDOW_BYTES = 1024 * 1024
-DEFAULT_IDEMPOTENCY_WINDOW = 20_000
+DEFAULT_IDEMPOTENCY_WINDOW_BATCHES = 20_000
 DEFAULT_CLIENT_WINDOW_MS = 600_000
 DEFAULT_CLIENT_MAX_KEYS = 100_000
 #: One remembered client key, as kept in memory and in the snapshot::
@@ -274,7 +274,7 @@ class Store:
         *,
         segment_bytes: int,
         flush: str = "async",
-        idempotency_window: int = DEFAULT_IDEMPOTENCY_WINDOW,
+        idempotency_window_batches: int = DEFAULT_IDEMPOTENCY_WINDOW_BATCHES,
         client_window_ms: int = DEFAULT_CLIENT_WINDOW_MS,
         client_max_keys: int = DEFAULT_CLIENT_MAX_KEYS,
         topic_limits: TopicLimits | None = None,
@@ -297,7 +297,7 @@ class Store:
         self.topic_limits = topic_limits or TopicLimits()
         # Limits for commands that carry none (written before commands carried them).
         self.default_idem = cmdcodec.IdemLimits(
-            client_window_ms, client_max_keys, idempotency_window
+            client_window_ms, client_max_keys, idempotency_window_batches
         )
         self.flush = flush
         # Replicated tables. Written only by apply/restore (the Raft thread); read anywhere.
