@@ -424,11 +424,11 @@ class Broker:
             if text is None:
                 raise bad_request("body is required and must be a string", f"{f}.body")
             body = text.encode()
-        if len(body) > self.config.max_message_size:
+        if len(body) > self.config.max_message_bytes:
             raise ApiError(
                 413,
                 "message_too_large",
-                f"body is {len(body)} bytes, more than max_message_size {self.config.max_message_size}",
+                f"body is {len(body)} bytes, more than max_message_bytes {self.config.max_message_bytes}",
                 f"{f}.body",
             )
         return body

@@ -1,4 +1,4 @@
-"""The configuration reference, generated from :data:`chronomq.cluster.config.KEYS`.
+"""The configuration reference, generated from :data:`chronomq.cluster.configkeys.KEYS`.
 
 ``chronomq config reference`` prints it; ``--write docs/reference/config.md`` replaces the part
 of that page between the markers below, and ``--check docs/reference/config.md`` exits 1 when
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from chronomq.cluster import docsection
-from chronomq.cluster.config import ENV_PREFIX, KEYS, Key
+from chronomq.cluster.configkeys import ENV_PREFIX, KEYS, Key
 
 #: The page the reference lives in, relative to the repository's root.
 PAGE = "docs/reference/config.md"
@@ -48,6 +48,11 @@ def reference() -> str:
     ]
     for key in KEYS:
         doc = " ".join(key.doc.split()).replace("|", "\\|")
+        if key.formerly:
+            doc += (
+                f" Formerly `{key.formerly}` (`{ENV_PREFIX}{key.formerly.upper()}`), still read "
+                "in this release, with a warning."
+            )
         rows.append(
             f"| `{key.name}` | {key.type.__name__} | {_default(key)} | {_range(key)} | "
             f"{'yes' if key.runtime else ''} | `{ENV_PREFIX}{key.name.upper()}` | {doc} |"

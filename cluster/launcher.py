@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from chronomq.cluster.config import (
-    ENV_PREFIX,
-    KEY_BY_NAME,
     ConfigError,
-    _coerce,
+    current_name,
     is_loopback_host,
     load,
+    parse_setting,
     to_toml,
 )
+from chronomq.cluster.configkeys import ENV_PREFIX, KEY_BY_NAME, RENAMED
 
 HOST = "127.0.0.1"
 
@@ -213,13 +213,10 @@ class LocalCluster:
             "fetch_port": self.raft_port + i + 1000,
             "grpc_port": self.grpc_port + i,
         }
-        for name, value in {**self.settings, **self.node_settings.get(i, {})}.items():
-            key = KEY_BY_NAME.get(name)
-            if key is None:
-                raise ConfigError(name, "unknown key")
-            values[name] = _coerce(
-                key, value, from_env=isinstance(value, str) and key.type is not str
-            )
+        for settings in (self.settings, self.node_settings.get(i, {})):
+            for name, value in settings.items():  # node.toml gets a renamed key's new name
+                current = current_name(name)
+                values[current] = parse_setting(current, value)
         values.update(self._security)
         values["peers"] = peers
         return values
@@ -443,7 +440,7 @@ def parse_sets(pairs: list[str] | None) -> dict[str, str]:
         if not sep or not key:
             raise ConfigError(pair, "--set takes key=value")
         key = key.strip()
-        spec = KEY_BY_NAME.get(key)
+        spec = KEY_BY_NAME.get(RENAMED.get(key, key))
         if spec is not None and spec.secret:
             raise ConfigError(
                 key,

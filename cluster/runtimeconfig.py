@@ -40,7 +40,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from chronomq.cluster.config import KEY_BY_NAME, KEYS, ConfigError, NodeConfig, parse_value
+from chronomq.cluster.config import ConfigError, NodeConfig, current_name, parse_value
+from chronomq.cluster.configkeys import KEY_BY_NAME, KEYS
 from chronomq.cluster.errors import ApiError, bad_request
 from chronomq.schedule.service import ASYNC, MODE_KEY, SYNC
 from chronomq.timer.state import STOP_DEQUEUE, STOP_ENQUEUE
@@ -149,22 +150,24 @@ def validate(body: object) -> dict[str, Any]:
         raise bad_request(
             'the body must be an object of key: value, e.g. {"log_level": "warning"}', "body"
         )
-    for name in body:
+    names = {given: current_name(given) for given in body}  # a renamed key's old name too
+    for given, name in names.items():
         if name not in KEY_BY_NAME:
-            raise bad_request(f"unknown config key {name!r}", name, "unknown_key")
+            raise bad_request(f"unknown config key {given!r}", given, "unknown_key")
         if name not in REPLICATED:
             raise ApiError(
                 409,
                 "not_runtime",
                 f"{name} can only be changed in the config file, with a restart",
-                name,
+                given,
             )
     changes: dict[str, Any] = {}
-    for name, value in body.items():
+    for given, value in body.items():
+        name = names[given]
         try:
             changes[name] = parse_value(name, value)
         except ConfigError as exc:
-            raise bad_request(f"{name}: {exc.problem}", name, "invalid_config") from None
+            raise bad_request(f"{name}: {exc.problem}", given, "invalid_config") from None
     return changes
 
 

@@ -22,7 +22,7 @@ from aiohttp import web
 from chronomq.cluster import fdbudget, logs, malloc, reserved, tls
 from chronomq.cluster.api import CONFIG_HOOKS, CONNECTIONS, METRICS, create_app
 from chronomq.cluster.broker import Broker
-from chronomq.cluster.config import ConfigError, NodeConfig, load
+from chronomq.cluster.config import ConfigError, NodeConfig, load, warn_renamed
 from chronomq.cluster.fdbudget import FdBudget
 from chronomq.cluster.httpconn import GuardedSite
 from chronomq.cluster.nodelogs import NodeLogs
@@ -157,7 +157,7 @@ def fd_budget(config: NodeConfig) -> FdBudget:
 
 def run(config_path: str | None, overrides: dict[str, str] | None = None) -> int:
     try:
-        config = load(config_path, overrides=overrides)
+        config = load(config_path, overrides=overrides, warn=False)
         ssl_context = (
             tls.server_context(config.tls_cert_file, config.tls_key_file)
             if config.tls_cert_file
@@ -170,6 +170,7 @@ def run(config_path: str | None, overrides: dict[str, str] | None = None) -> int
     # Before any thread starts: every thread inherits the blocked signals.
     signals = StopSignals()
     logs.setup(f"node-{config.node_id}", config.log_level, config.log_format)
+    warn_renamed(config.renamed_keys)
     log.info("effective config: %s", orjson.dumps(config.masked()).decode())
     if malloc.fix_mmap_threshold():
         log.debug("glibc mmap threshold fixed at %d bytes", malloc.MMAP_THRESHOLD_BYTES)

@@ -51,7 +51,7 @@ def _broker_stub() -> Any:
         config=types.SimpleNamespace(
             auto_create_topic=True,
             max_messages_per_request=100_000,
-            max_message_size=4 * 1024 * 1024,
+            max_message_bytes=4 * 1024 * 1024,
             default_topic_queues=4,
         ),
         raftlog=types.SimpleNamespace(

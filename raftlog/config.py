@@ -49,7 +49,7 @@ class RaftConfig:
     max_pending_messages: int = 200_000
     max_pending_bytes: int = field(default_factory=default_max_pending_bytes)
     commit_timeout_ms: int = 10_000
-    idempotency_window: int = 20_000  # internal batches' keys, by count
+    idempotency_window_batches: int = 20_000  # internal batches' keys, by count
     idempotency_window_s: int = 600  # clients' keys, by the commands' propose times
     idempotency_max_keys: int = 100_000  # clients' keys held at most
     default_topic_queues: int = 4

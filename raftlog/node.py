@@ -105,7 +105,7 @@ class RaftLog:
             segment_bytes=config.commitlog_segment_bytes,
             flush=config.flush,
             flush_interval_ms=config.flush_interval_ms,
-            idempotency_window=config.idempotency_window,
+            idempotency_window_batches=config.idempotency_window_batches,
             client_window_ms=config.idempotency_window_s * 1000,
             client_max_keys=config.idempotency_max_keys,
             topic_limits=TopicLimits(config.max_topics, config.max_queues),
@@ -352,7 +352,7 @@ class RaftLog:
         hash of the client's request, hex) the key is a client's: it is remembered for
         ``idempotency_window_s`` of propose time, and the same key with another fingerprint
         fails with :class:`IdempotencyKeyReused`. Without, it is kept among the last
-        ``idempotency_window`` internal batches.
+        ``idempotency_window_batches`` internal batches.
         """
         self._check_leader()
         topics, metas, blob, auto = self.prepare(messages, store_ms, creates)

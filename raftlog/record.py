@@ -203,7 +203,7 @@ def encode(
     props = properties if isinstance(properties, bytes) else encode_properties(properties)
     if len(body) > max_message_bytes:
         raise MessageTooLarge(
-            f"body is {len(body)} bytes, more than max_message_size {max_message_bytes}", "body"
+            f"body is {len(body)} bytes, more than max_message_bytes {max_message_bytes}", "body"
         )
     if len(msg_id) != 16:
         raise InvalidInput("msg_id must be 16 bytes", "msg_id")

@@ -48,7 +48,7 @@ from chronomq.raftlog.snapshot import SnapshotState
 
 log = logging.getLogger(__name__)
 
-DEFAULT_IDEMPOTENCY_WINDOW = 20_000
+DEFAULT_IDEMPOTENCY_WINDOW_BATCHES = 20_000
 DEFAULT_CLIENT_WINDOW_MS = 600_000
 DEFAULT_CLIENT_MAX_KEYS = 100_000
 #: How long a command for an extension that is not registered yet waits for it.
@@ -175,7 +175,7 @@ class Store(SnapshotState):
         *,
         segment_bytes: int,
         flush: str = "async",
-        idempotency_window: int = DEFAULT_IDEMPOTENCY_WINDOW,
+        idempotency_window_batches: int = DEFAULT_IDEMPOTENCY_WINDOW_BATCHES,
         client_window_ms: int = DEFAULT_CLIENT_WINDOW_MS,
         client_max_keys: int = DEFAULT_CLIENT_MAX_KEYS,
         topic_limits: TopicLimits | None = None,
@@ -198,7 +198,7 @@ class Store(SnapshotState):
         self.topic_limits = topic_limits or TopicLimits()
         # Limits for commands that carry none (written before commands carried them).
         self.default_idem = cmdcodec.IdemLimits(
-            client_window_ms, client_max_keys, idempotency_window
+            client_window_ms, client_max_keys, idempotency_window_batches
         )
         self.flush = flush
         # Replicated tables. Written only by apply/restore (the Raft thread); read anywhere.

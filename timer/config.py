@@ -25,7 +25,7 @@ class TimerConfig:
     #: Messages due further than this many slots ahead roll (1 day at 100 ms).
     timer_roll_window_slots: int = 864_000
     #: Longest delay accepted at produce time (365 days).
-    timer_max_delay_sec: int = 365 * DAY_SEC
+    timer_max_delay_s: int = 365 * DAY_SEC
     #: A slot holding this many messages starts rejecting more (see :mod:`chronomq.timer.flow`).
     timer_congest_num_each_slot: int = 1_000_000
     #: Most cancels one slot may hold.
@@ -45,7 +45,7 @@ class TimerConfig:
         for key in ("timer_precision_ms", "timer_wheel_slots", "timer_roll_window_slots"):
             _check_range(key, getattr(self, key), 1, 2**31 - 1)
         _ = self.geometry  # checks how precision, slot count and roll window fit together
-        _check_range("timer_max_delay_sec", self.timer_max_delay_sec, 1, 10 * 365 * DAY_SEC)
+        _check_range("timer_max_delay_s", self.timer_max_delay_s, 1, 10 * 365 * DAY_SEC)
         _check_range("timer_congest_num_each_slot", self.timer_congest_num_each_slot, 1, 2**31 - 1)
         _check_range(
             "timer_max_tombstones_each_slot", self.timer_max_tombstones_each_slot, 1, 10_000_000
@@ -72,7 +72,7 @@ class TimerConfig:
 
     @property
     def max_delay_ms(self) -> int:
-        return self.timer_max_delay_sec * 1000
+        return self.timer_max_delay_s * 1000
 
 
 def _check_range(key: str, value: int, low: int, high: int) -> None:

@@ -12,7 +12,7 @@ at ``cursor_slot_ms``, with ``S`` the slot of ``deliver_ms``:
 - otherwise: **ROLL**. The message waits in an earlier slot, flagged ROLLED; when that slot is
   read it is put back into the CommitLog (timer topic, same deliver time, roll count + 1) and
   enqueued again. The roll slot is the last of the roll window (clamped into the unread lap),
-  always before ``S``, so the longest delay is bounded only by ``timer_max_delay_sec``.
+  always before ``S``, so the longest delay is bounded only by ``timer_max_delay_s``.
 
 The decision must be the same on every replica: pass the leader-stamped store time of the
 message as ``now_ms`` and the committed cursor as it stands at that point of the log.
@@ -85,7 +85,7 @@ def check_deliver_time(
     """Accept or reject a deliver time at produce time; return the delay in ms (>= 0).
 
     A time in the past is accepted (delivered at once); one further ahead than
-    ``timer_max_delay_sec`` is refused with :class:`DelayTooLong`.
+    ``timer_max_delay_s`` is refused with :class:`DelayTooLong`.
     """
     if isinstance(deliver_ms, bool) or not isinstance(deliver_ms, int) or deliver_ms < 0:
         raise InvalidDeliverTime(
@@ -94,8 +94,8 @@ def check_deliver_time(
     delay_ms = deliver_ms - now_ms
     if delay_ms > config.max_delay_ms:
         raise DelayTooLong(
-            f"{field} is {delay_ms} ms ahead, beyond timer_max_delay_sec="
-            f"{config.timer_max_delay_sec} ({config.max_delay_ms} ms)",
+            f"{field} is {delay_ms} ms ahead, beyond timer_max_delay_s="
+            f"{config.timer_max_delay_s} ({config.max_delay_ms} ms)",
             field=field,
         )
     return max(delay_ms, 0)

@@ -53,7 +53,7 @@ class InvalidDeliverTime(TimerCallerError):
 
 
 class DelayTooLong(TimerCallerError):
-    """The deliver time lies further ahead than ``timer_max_delay_sec`` allows."""
+    """The deliver time lies further ahead than ``timer_max_delay_s`` allows."""
 
     code = "timer_delay_too_long"
 

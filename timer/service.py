@@ -17,7 +17,7 @@ this module decides *when* to propose what, on the leader only:
   Moving the cursor over empty slots alone is proposed only once it lags by
   ``idle_advance_ms`` (2 s), so an idle cluster does not commit ten commands a second.
 * **Produce** (:meth:`TimerService.produce_hook`, on the HTTP loop of the leader): checks the
-  deliver time (at most ``timer_max_delay_sec`` ahead; a past time means now), the slot's
+  deliver time (at most ``timer_max_delay_s`` ahead; a past time means now), the slot's
   congestion (:mod:`chronomq.timer.flow`, 429), and rewrites the message into the timer topic with a
   timer message id (:mod:`chronomq.timer.message`).
 * **Cancel** and **switches**: one command each, answered from the apply outcome.
@@ -784,7 +784,7 @@ class TimerService:
                 "timer_precision_ms": self.config.timer_precision_ms,
                 "timer_wheel_slots": self.config.timer_wheel_slots,
                 "timer_roll_window_slots": self.config.timer_roll_window_slots,
-                "timer_max_delay_sec": self.config.timer_max_delay_sec,
+                "timer_max_delay_s": self.config.timer_max_delay_s,
                 "timer_congest_num_each_slot": self.config.timer_congest_num_each_slot,
                 "timer_dequeue_batch_max": self.config.timer_dequeue_batch_max,
             },
@@ -803,7 +803,7 @@ def timer_config_from(values: Mapping[str, Any]) -> TimerConfig:
         timer_precision_ms=int(values["timer_precision_ms"]),
         timer_wheel_slots=min(slots, 50_000_000),
         timer_roll_window_slots=roll,
-        timer_max_delay_sec=int(values["timer_max_delay_sec"]),
+        timer_max_delay_s=int(values["timer_max_delay_s"]),
         timer_congest_num_each_slot=min(int(values["timer_congest_num_each_slot"]), 2**31 - 1),
         timer_stop_enqueue=bool(values["timer_stop_enqueue"]),
         timer_stop_dequeue=bool(values["timer_stop_dequeue"]),

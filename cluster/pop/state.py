@@ -38,7 +38,7 @@ MAX_REVIVE_PER_COMMAND: Final = 64
 MIN_INVISIBLE_MS: Final = 1_000
 MAX_INVISIBLE_MS: Final = 12 * 3_600_000
 """Bounds of an invisible duration (RocketMQ's proxy: 10 s .. 12 h by default; we allow 1 s
-for tests). The timer's ``timer_max_delay_sec`` must cover the maximum."""
+for tests). The timer's ``timer_max_delay_s`` must cover the maximum."""
 MAX_RECONSUME_TIMES_CEILING: Final = 1_000
 
 

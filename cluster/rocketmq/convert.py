@@ -3,7 +3,7 @@
 One request is one produce request of the HTTP API (``POST /v1/topics/{topic}/messages``), so
 it takes the same path: the same validation, group commit, ops logs and idempotency.
 
-- ``body`` (``body_encoding`` IDENTITY, or GZIP inflated up to ``max_message_size``) ->
+- ``body`` (``body_encoding`` IDENTITY, or GZIP inflated up to ``max_message_bytes``) ->
   ``body_base64``; ``tag`` -> ``tags``; ``keys`` -> ``keys``; ``user_properties`` ->
   ``properties``;
 - ``system_properties.message_id`` (the client's id, kept across its own retries) -> the
@@ -77,7 +77,7 @@ def _inflate(data: bytes, limit_bytes: int, field: str) -> bytes:
         raise ApiError(
             413,
             "message_too_large",
-            f"the inflated body is more than max_message_size {limit_bytes}",
+            f"the inflated body is more than max_message_bytes {limit_bytes}",
             field,
         )
     return out

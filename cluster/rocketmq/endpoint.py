@@ -1,9 +1,9 @@
 """The grpcio asyncio server of a node: bound, limited, authenticated, started and stopped with
 the node on the HTTP API's event loop.
 
-Limits: a received message at most ``max_message_size`` plus :data:`HEADROOM_BYTES` (properties,
+Limits: a received message at most ``max_message_bytes`` plus :data:`HEADROOM_BYTES` (properties,
 keys, several messages of one send); a sent one at most the larger of ``max_pull_bytes`` and
-``max_message_size``, plus the headroom; ``grpc_max_concurrent_streams`` calls per connection;
+``max_message_bytes``, plus the headroom; ``grpc_max_concurrent_streams`` calls per connection;
 keepalive pings every :data:`KEEPALIVE_TIME_MS` so a vanished client's streams are closed, and
 client pings at most every :data:`MIN_CLIENT_PING_MS`. The port is never shared
 (``SO_REUSEPORT`` off), so a second process on it fails to start instead of splitting calls.
@@ -46,8 +46,8 @@ with gRPC's RESOURCE_EXHAUSTED."""
 
 
 def server_options(config: NodeConfig) -> list[tuple[str, Any]]:
-    receive = int(config.max_message_size) + HEADROOM_BYTES
-    send = max(int(config.max_pull_bytes), int(config.max_message_size)) + HEADROOM_BYTES
+    receive = int(config.max_message_bytes) + HEADROOM_BYTES
+    send = max(int(config.max_pull_bytes), int(config.max_message_bytes)) + HEADROOM_BYTES
     return [
         ("grpc.so_reuseport", 0),
         ("grpc.max_receive_message_length", receive),

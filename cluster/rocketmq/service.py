@@ -97,7 +97,7 @@ class MessagingService(ConsumeRpcs, OffsetRpcs, ServicerBase, spb_grpc.Messaging
 
     @rpc(spb.SendMessageResponse)
     async def SendMessage(self, request: Any, context: Any) -> Any:
-        produce = convert.produce_request(request, int(self._config.max_message_size))
+        produce = convert.produce_request(request, int(self._config.max_message_bytes))
         reserved.check_user_topic(produce.topic)
         key = produce.idempotency_key
         broker = self.broker

@@ -1,7 +1,7 @@
 """The server's answer to a client's settings on the ``Telemetry`` stream (no I/O).
 
 A client opens the stream and writes its ``Settings``; the server answers with the settings the
-client must use: for a producer the largest body (``max_message_size``) and its send retry
+client must use: for a producer the largest body (``max_message_bytes``) and its send retry
 policy, for a consumer the long-polling time (bounded by ``max_wait_ms``), the receive batch
 size and its redelivery back-off: ``max_reconsume_times`` + 1 deliveries of a message, the
 n-th redelivery waiting as long as delay level ``3 + n - 1`` (``message_delay_level``), the
@@ -52,7 +52,7 @@ def server_settings(config: NodeConfig, client: pb.Settings) -> pb.Settings:
     out.CopyFrom(client)
     out.metric.on = False
     if client.HasField("publishing") or client.client_type == pb.ClientType.PRODUCER:
-        out.publishing.max_body_size = int(config.max_message_size)
+        out.publishing.max_body_size = int(config.max_message_bytes)
         out.publishing.validate_message_type = True
         out.backoff_policy.CopyFrom(
             _exponential(SEND_MAX_ATTEMPTS, SEND_BACKOFF_INITIAL_MS, SEND_BACKOFF_MAX_MS)

@@ -59,7 +59,7 @@ def timer_config() -> Any:
         {
             "timer_precision_ms": 100,
             "timer_roll_window_slots": 600,
-            "timer_max_delay_sec": 86_400,
+            "timer_max_delay_s": 86_400,
             "timer_congest_num_each_slot": 10**9,
             "timer_stop_enqueue": False,
             "timer_stop_dequeue": False,
@@ -437,7 +437,7 @@ def _edge(store: Store) -> tuple[Broker, Any]:
     fake = SimpleNamespace(
         store=store,
         clock=FixedClock(T0),
-        config=SimpleNamespace(max_message_bytes=config.max_message_size),
+        config=SimpleNamespace(max_message_bytes=config.max_message_bytes),
         auto_create_topics=True,
         _rr={},
         _ids=_Ids(),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from chronomq.cluster import config, configdoc
+from chronomq.cluster import configdoc, configkeys
 
 PAGE = Path(__file__).resolve().parents[2] / configdoc.PAGE
 
@@ -22,15 +22,15 @@ def test_the_docs_reference_is_current() -> None:
 def test_every_key_is_documented_and_listed() -> None:
     assert configdoc.undocumented() == []
     table = configdoc.reference()
-    for key in config.KEYS:
+    for key in configkeys.KEYS:
         assert f"| `{key.name}` |" in table
 
 
 def test_a_new_key_without_documentation_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    extra = config.Key("shiny_new_knob", int, 1, "")
-    monkeypatch.setattr(configdoc, "KEYS", (*config.KEYS, extra))
+    extra = configkeys.Key("shiny_new_knob", int, 1, "")
+    monkeypatch.setattr(configdoc, "KEYS", (*configkeys.KEYS, extra))
     assert configdoc.undocumented() == ["shiny_new_knob"]
     assert configdoc.main() == 1
-    documented = config.Key("shiny_new_knob", int, 1, "Turns the shiny new knob.")
-    monkeypatch.setattr(configdoc, "KEYS", (*config.KEYS, documented))
+    documented = configkeys.Key("shiny_new_knob", int, 1, "Turns the shiny new knob.")
+    monkeypatch.setattr(configdoc, "KEYS", (*configkeys.KEYS, documented))
     assert configdoc.main("check", str(PAGE)) == 1  # documented, but not in the docs yet

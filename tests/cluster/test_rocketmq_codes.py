@@ -297,7 +297,7 @@ def test_grpc_port_offset_follows_this_node() -> None:
 
 
 def test_server_settings() -> None:
-    config = node_config(max_message_size=1000, max_wait_ms=5000)
+    config = node_config(max_message_bytes=1000, max_wait_ms=5000)
     producer = pb.Settings(
         client_type=pb.ClientType.PRODUCER, publishing=pb.Publishing(max_body_size=1 << 27)
     )

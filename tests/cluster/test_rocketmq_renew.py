@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from rocketmq.grpc_protocol import service_pb2 as spb
 
-from chronomq.cluster import config
+from chronomq.cluster import config, configkeys
 from chronomq.cluster.pop import state
 from chronomq.cluster.rocketmq import consume
 from chronomq.cluster.rocketmq.autorenew import (
@@ -393,7 +393,7 @@ def test_the_client_id_comes_from_the_call_s_metadata() -> None:
 
 
 def test_config_bounds_match_pop() -> None:
-    key = config.KEY_BY_NAME["default_invisible_time_ms"]
+    key = configkeys.KEY_BY_NAME["default_invisible_time_ms"]
     assert (key.min, key.max) == (state.MIN_INVISIBLE_MS, state.MAX_INVISIBLE_MS)
     assert key.default == consume.AUTO_RENEW_INVISIBLE_MS
     with pytest.raises(config.ConfigError) as e:

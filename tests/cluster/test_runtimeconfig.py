@@ -12,7 +12,8 @@ import pytest
 
 from chronomq.cluster import runtimeconfig as rc
 from chronomq.cluster.broker import GROUP_OFFSET_PREFIX, MEMBER_PREFIX, group_offset_key
-from chronomq.cluster.config import KEY_BY_NAME, KEYS, NodeConfig, load
+from chronomq.cluster.config import NodeConfig, load
+from chronomq.cluster.configkeys import KEY_BY_NAME, KEYS
 from chronomq.cluster.errors import ApiError
 from chronomq.schedule.service import MODE_KEY
 from chronomq.timer.state import STOP_DEQUEUE, STOP_ENQUEUE

@@ -119,7 +119,7 @@ def raw_send(topic: str, body: bytes, message_id: str = "", **sp: Any) -> spb.Se
 
 
 async def test_producer_sends_timers_recalls_and_codes(make_cluster: Any) -> None:
-    cluster: LocalCluster = make_cluster(auth_token=TOKEN, max_message_size=65536)
+    cluster: LocalCluster = make_cluster(auth_token=TOKEN, max_message_bytes=65536)
     cluster.wait_leader(30)
     cluster.wait_all_know_leader(30)
     topic = "grpc_orders"

@@ -379,7 +379,7 @@ def test_bad_input_is_refused_naming_the_field(make_cluster: Any) -> None:
                 "timer_delay_too_long",
                 "messages[0].delay_ms",
             )
-            assert "timer_max_delay_sec" in body["message"]
+            assert "timer_max_delay_s=" in body["message"]
             for field, value in (
                 ("deliver_at_ms", -5),
                 ("deliver_at_ms", "soon"),

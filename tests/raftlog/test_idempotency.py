@@ -107,7 +107,7 @@ def two(make_store: Callable[..., Store]) -> Replicas:
     return Replicas(
         [
             make_store("a"),
-            make_store("b", client_window_ms=1, client_max_keys=1, idempotency_window=1),
+            make_store("b", client_window_ms=1, client_max_keys=1, idempotency_window_batches=1),
         ]
     )
 

@@ -289,7 +289,7 @@ def test_repeat_of_a_failed_batch_fails_the_same_way(store: Store) -> None:
 
 
 def test_idempotency_window_is_bounded(make_store: StoreFactory) -> None:
-    s = make_store("w", idempotency_window=3)
+    s = make_store("w", idempotency_window_batches=3)
     apply = Applier(s)
     for i in range(5):
         apply(command([B(f"k{i}", [], updates={"n": i})]))

@@ -103,7 +103,7 @@ def test_max_delay_boundary() -> None:
         check_deliver_time(T0 + 365 * DAY_MS + 1, T0, config, field="delay_ms")
     assert info.value.field == "delay_ms"
     assert info.value.http_status == 400
-    assert "timer_max_delay_sec=31536000" in info.value.message
+    assert "timer_max_delay_s=31536000" in info.value.message
     assert info.value.to_dict() == {
         "error": "timer_delay_too_long",
         "message": info.value.message,

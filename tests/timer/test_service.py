@@ -33,7 +33,7 @@ def config(**overrides: Any) -> TimerConfig:
     values: dict[str, Any] = {
         "timer_precision_ms": PRECISION,
         "timer_roll_window_slots": 72_000,
-        "timer_max_delay_sec": 365 * 86_400,
+        "timer_max_delay_s": 365 * 86_400,
         "timer_congest_num_each_slot": 10**9,
         "timer_stop_enqueue": False,
         "timer_stop_dequeue": False,
