@@ -71,12 +71,14 @@ from chronomq.raftlog.leadership import Leadership, Piece, TermToken, drive
 from chronomq.raftlog.node import NewMessage, RaftLog
 from chronomq.raftlog.store import ApplyResult
 from chronomq.timer import message as tm
+from chronomq.timer.chains import find_message, tombstone_keys
 from chronomq.timer.config import TimerConfig
 from chronomq.timer.cursor import ReadCursor
 from chronomq.timer.dequeue import DequeueBatch, DequeuePlanner
 from chronomq.timer.enqueue import check_deliver_time
 from chronomq.timer.errors import InvalidDeliverTime, StaleCursor, TimerStateError
 from chronomq.timer.flow import check_cancel_room, check_congestion
+from chronomq.timer.histogram import due_histogram
 from chronomq.timer.machine import (
     MAX_ENQUEUE_PER_COMMAND,
     NAME,
@@ -85,6 +87,7 @@ from chronomq.timer.machine import (
     TimerOutcome,
 )
 from chronomq.timer.state import TimerState
+from chronomq.timer.timerlog import read_records, uniq_key_hash
 from chronomq.timer.wheel import Slot
 
 log = logging.getLogger(__name__)
@@ -605,8 +608,6 @@ class TimerService:
     def read_log(self, start: int, end: int) -> tuple[bytes, int]:
         """Records ``[start, end)`` of this node's TimerLog (at most :data:`FETCH_MAX_RECORDS`)
         for a peer completing its own; any thread."""
-        from chronomq.timer.timerlog import read_records
-
         files = self.machine.files
         have = files.log.end_pos
         if end > have:
@@ -650,9 +651,6 @@ class TimerService:
         ``cancelled`` or ``unknown`` (not in its slot: rolling, a lap old, or not enqueued
         yet), with its deliver time and, when found, where its stored record is.
         ``None`` when ``msg_id`` is not a timer message id."""
-        from chronomq.timer.chains import find_message, tombstone_keys
-        from chronomq.timer.timerlog import uniq_key_hash
-
         deliver_ms = tm.timer_id_deliver_ms(msg_id)
         if deliver_ms is None:
             return None
@@ -687,8 +685,6 @@ class TimerService:
         """What falls due in the next ``span_ms`` by bucket, from this node's wheel (any
         thread: each slot is read under the machine's lock, so apply waits at most one read).
         See :mod:`chronomq.timer.histogram`."""
-        from chronomq.timer.histogram import due_histogram
-
         machine = self.machine
 
         class _Locked:
