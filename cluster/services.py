@@ -85,8 +85,9 @@ def _timer(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | No
 
     from chronomq.cluster.config import ConfigError
     from chronomq.cluster.pop.state import REVIVE_TOPIC
+    from chronomq.timer.config import timer_config_from
     from chronomq.timer.errors import InvalidTimerConfig
-    from chronomq.timer.service import TimerService, timer_config_from
+    from chronomq.timer.service import TimerService
 
     try:
         timer_config = timer_config_from(config.values())
