@@ -49,7 +49,8 @@ def close_services(services: list[Service]) -> None:
 
 def _schedule(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | None:
     from chronomq.schedule.pending import PendingConfig
-    from chronomq.schedule.service import ScheduleService, ScheduleSettings
+    from chronomq.schedule.service import ScheduleService
+    from chronomq.schedule.settings import ScheduleSettings
 
     settings = ScheduleSettings(
         levels=broker.levels,

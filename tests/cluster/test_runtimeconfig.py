@@ -14,7 +14,7 @@ from chronomq.cluster import runtimeconfig as rc
 from chronomq.cluster.broker import GROUP_OFFSET_PREFIX, MEMBER_PREFIX, group_offset_key
 from chronomq.cluster.config import KEY_BY_NAME, KEYS, NodeConfig, load
 from chronomq.cluster.errors import ApiError
-from chronomq.schedule.service import MODE_KEY
+from chronomq.schedule.state import MODE_KEY
 from chronomq.timer.state import STOP_DEQUEUE, STOP_ENQUEUE
 
 GOOD = {
