@@ -42,10 +42,10 @@ from chronomq.cluster.nodemetrics import GroupLagCollector, RaftCollector
 from chronomq.cluster.runtimeconfig import RuntimeConfig
 from chronomq.raftlog import record
 from chronomq.raftlog.removal import SIGNATURE_HEADER
-from chronomq.raftlog.transfer import (
+from chronomq.raftlog.transfer import TransferResult
+from chronomq.raftlog.transfer_driver import (
     DEFAULT_TIMEOUT_MS,
     MAX_TIMEOUT_MS,
-    TransferResult,
     transfer_leadership,
 )
 
@@ -614,7 +614,7 @@ RUNTIME_CONFIG: web.AppKey[RuntimeConfig] = web.AppKey("runtime_config", Runtime
 
 async def leadership_transfer(request: web.Request) -> web.Response:
     """Hand the leadership to node ``to`` (or the most caught-up follower) and answer once it
-    has moved (200) or why not (404/409/503/504); see :mod:`chronomq.raftlog.transfer`."""
+    has moved (200) or why not (404/409/503/504); see :mod:`chronomq.raftlog.transfer_driver`."""
     broker = request.app[BROKER]
     if not broker.raftlog.is_leader:
         forwarded = await forward_to_leader(request, MAX_TIMEOUT_MS / 1000 + 5)

@@ -41,7 +41,7 @@ from chronomq.raftlog.errors import ApplyRejected, ConditionFailed, Overloaded, 
 from chronomq.raftlog.node import NewMessage, RaftLog
 from chronomq.raftlog.removal import RemovalNotice
 from chronomq.raftlog.store import TOO_MANY_TOPICS, ApplyResult, BatchOutcome
-from chronomq.raftlog.transfer import transfer_leadership
+from chronomq.raftlog.transfer_driver import transfer_leadership
 from chronomq.schedule import properties as schedule_props
 from chronomq.schedule import rewrite
 from chronomq.schedule.levels import SCHEDULE_TOPIC, DelayLevelTable
@@ -921,7 +921,7 @@ class Broker:
 
     async def hand_over_leadership(self, timeout_s: float) -> int | None:
         """Hand this node's leadership to the most caught-up other member
-        (:func:`chronomq.raftlog.transfer.transfer_leadership`); the new leader's id, or None when it
+        (:func:`chronomq.raftlog.transfer_driver.transfer_leadership`); the new leader's id, or None when it
         did not move in ``timeout_s``."""
         result = await transfer_leadership(self, None, timeout_s)
         if not result.moved:

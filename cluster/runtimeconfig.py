@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Final
 from chronomq.cluster.config import ConfigError, NodeConfig, current_name, parse_value
 from chronomq.cluster.configkeys import KEY_BY_NAME, KEYS
 from chronomq.cluster.errors import ApiError, bad_request
-from chronomq.schedule.service import ASYNC, MODE_KEY, SYNC
+from chronomq.schedule.state import ASYNC, MODE_KEY, SYNC
 from chronomq.timer.state import STOP_DEQUEUE, STOP_ENQUEUE
 
 if TYPE_CHECKING:

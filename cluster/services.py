@@ -49,7 +49,8 @@ def close_services(services: list[Service]) -> None:
 
 def _schedule(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | None:
     from chronomq.schedule.pending import PendingConfig
-    from chronomq.schedule.service import ScheduleService, ScheduleSettings
+    from chronomq.schedule.service import ScheduleService
+    from chronomq.schedule.settings import ScheduleSettings
 
     settings = ScheduleSettings(
         levels=broker.levels,
@@ -85,8 +86,9 @@ def _timer(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | No
 
     from chronomq.cluster.config import ConfigError
     from chronomq.cluster.pop.state import REVIVE_TOPIC
+    from chronomq.timer.config import timer_config_from
     from chronomq.timer.errors import InvalidTimerConfig
-    from chronomq.timer.service import TimerService, timer_config_from
+    from chronomq.timer.service import TimerService
 
     try:
         timer_config = timer_config_from(config.values())

@@ -22,6 +22,12 @@ def default_max_pending_bytes() -> int:
     return max(16 * _MIB, min(64 * _MIB, ram // 16))
 
 
+def host_port(address: str) -> tuple[str, int]:
+    """``"host:port"`` as ``(host, port)`` (an IPv6 host keeps its brackets)."""
+    host, _, port = address.rpartition(":")
+    return host, int(port)
+
+
 @dataclass(frozen=True, slots=True)
 class RaftPeer:
     """Another member: its Raft address and its catch-up (CommitLog fetch) address."""

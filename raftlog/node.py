@@ -31,7 +31,7 @@ from chronomq.raftlog.applycheck import RecordRule
 from chronomq.raftlog.catchup import CatchupServer
 from chronomq.raftlog.clock import Clock, SystemClock
 from chronomq.raftlog.committer import GroupCommitter, PendingBatch, _failure
-from chronomq.raftlog.config import RaftConfig
+from chronomq.raftlog.config import RaftConfig, host_port
 from chronomq.raftlog.consumequeue import tags_hash
 from chronomq.raftlog.errors import (
     CommitOutcomeUnknown,
@@ -43,7 +43,7 @@ from chronomq.raftlog.errors import (
     UnknownTopic,
 )
 from chronomq.raftlog.extension import ApplyExtension, check_name
-from chronomq.raftlog.machine import ReplicatedLog, _addr
+from chronomq.raftlog.machine import ReplicatedLog
 from chronomq.raftlog.removal import RemovalNotice
 from chronomq.raftlog.store import ApplyResult, BatchOutcome, Store, TopicLimits
 
@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 
 def _bind_error(address: str) -> str:
     """What binding ``address`` (``host:port``) fails with now, as pysyncobj binds it."""
-    host, port = _addr(address)
+    host, port = host_port(address)
     host = host.strip("[]")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
@@ -124,7 +124,7 @@ class RaftLog:
         self._barrier_inflight = False
         self._last_ok = 0.0
         self._stop = threading.Event()
-        host, port = _addr(config.fetch_address)
+        host, port = host_port(config.fetch_address)
         self.catchup = CatchupServer(
             host,
             port,

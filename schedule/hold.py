@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from chronomq.raftlog.store import Store
 from chronomq.schedule.levels import SCHEDULE_TOPIC
-from chronomq.schedule.service import offset_key
+from chronomq.schedule.state import offset_key
 
 
 def lowest_needed_offset(store: Store) -> int | None:

@@ -1,9 +1,13 @@
 """The schedule service: one delivery loop per delay level, on the leader only.
 
-The cores beside this module decide (:mod:`chronomq.schedule.planner`, :mod:`chronomq.schedule.pending`,
-:mod:`chronomq.schedule.rewrite`); this module drives them against the replicated log. It runs on a
-thread of its own with its own asyncio loop, so delivery never competes with the HTTP loop for
-a turn, and it talks to Raft only through :meth:`chronomq.raftlog.node.RaftLog.append`.
+The cores beside this module decide (:mod:`chronomq.schedule.planner`,
+:mod:`chronomq.schedule.pending`, :mod:`chronomq.schedule.rewrite`); the delivery modules drive
+them against the replicated log, one level at a time: :mod:`chronomq.schedule.delivery` (what
+both modes share), :mod:`chronomq.schedule.sync_delivery`, :mod:`chronomq.schedule.async_delivery`.
+This module runs a loop per level for the term it leads in, switching between the modes. It
+runs on a thread of its own with its own asyncio loop, so delivery never competes with the HTTP
+loop for a turn, and it talks to Raft only through :meth:`chronomq.raftlog.node.RaftLog.append`.
+The replicated offsets and controls are named in :mod:`chronomq.schedule.state`.
 
 **Progress and effect in one command.** Each level's offset is the replicated kv entry
 ``sched/off/{level}``. A delivery command covers a contiguous range ``[a, b)`` of the level's
@@ -66,127 +70,26 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any, Final
 
-from chronomq.raftlog import record
-from chronomq.raftlog.errors import ConditionFailed, RaftLogError, StoreCorruption
 from chronomq.raftlog.leadership import Leadership, Piece, TermToken
-from chronomq.raftlog.node import NewMessage, RaftLog
+from chronomq.raftlog.node import RaftLog
 from chronomq.raftlog.store import OK, BatchOutcome
-from chronomq.schedule import rewrite
-from chronomq.schedule.errors import CorruptScheduleMessage
-from chronomq.schedule.levels import SCHEDULE_TOPIC, DelayLevelTable, format_delay
-from chronomq.schedule.pending import (
-    AddResult,
-    BlockInfo,
-    PendingConfig,
-    PendingQueue,
-    PendingStats,
-)
-from chronomq.schedule.planner import ScanPlan, ScheduleEntry, StopReason, correct_offset, plan_scan
+from chronomq.schedule.async_delivery import AsyncDelivery
+from chronomq.schedule.delivery import LevelContext, LevelState, OnDelivered, TermOver
+from chronomq.schedule.levels import SCHEDULE_TOPIC, format_delay
+from chronomq.schedule.pending import BlockInfo, PendingStats
+from chronomq.schedule.planner import correct_offset
+from chronomq.schedule.settings import ScheduleSettings
+from chronomq.schedule.state import ASYNC, MODE_KEY, MODES, PAUSED_KEY, offset_key
+from chronomq.schedule.sync_delivery import SyncDelivery
 
 log = logging.getLogger(__name__)
 
-OFFSET_PREFIX: Final = "sched/off/"
-MODE_KEY: Final = "sched/mode"
-PAUSED_KEY: Final = "sched/paused"
-SYNC: Final = "sync"
-ASYNC: Final = "async"
-MODES: Final = (SYNC, ASYNC)
-
-DeliveredItem = tuple[str, str, int, int]
-"""(msg_id hex, real topic, store_ms of the waiting copy, due_ms)."""
-OnDelivered = Callable[[int, list[DeliveredItem], int], None]
-"""``on_delivered(level, items, delivered_ms)``, called on the service thread after commit."""
 OnEvent = Callable[..., None]
 """``on_event(type, **detail)`` for service start and stop."""
-
-
-def offset_key(level: int) -> str:
-    """The replicated kv key holding ``level``'s offset in the schedule topic."""
-    return f"{OFFSET_PREFIX}{level}"
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduleSettings:
-    levels: DelayLevelTable
-    async_deliver: bool = False
-    """The mode while no one has switched it at runtime (``sched/mode`` unset)."""
-    pending: PendingConfig = field(default_factory=PendingConfig)
-    batch_max_messages: int = 128
-    """Deliveries per Raft command in async mode."""
-    scan_max: int = 512
-    """ConsumeQueue units read per scan."""
-    poll_ms: int = 50
-    """How often an idle level looks for new entries and a changed mode. New entries are due a
-    whole level delay (>= 1 s) after they are stored, so this never makes a delivery late."""
-    commit_wait_s: float = 15.0
-    """Upper bound on waiting for one command (the committer times out well before)."""
-
-
-class _Missing(Exception):
-    """The message of a ConsumeQueue unit is no longer in the CommitLog (below its minimum
-    offset: retention deleted its segment). Skipped after ``max_missing_tries``."""
-
-
-class _TermOver(Exception):
-    """The level's term ended: nothing more is proposed; the loop leaves."""
-
-
-class _Unreadable(Exception):
-    """The message of a ConsumeQueue unit is in the CommitLog but neither this node nor a peer
-    could read it (EIO, CRC mismatch). Never skipped: the level waits, the error shown."""
-
-
-#: How far past ``now + level delay`` an entry's deliver time may lie before the planner
-#: treats it as due now: no message of a level can be due later than its store time plus the
-#: level's delay, so only a clock running ahead (bounded by this) or a record stamped by
-#: something else (a due time in 2^62) gets there, and neither may hold the level for ever.
-SKEW_ALLOWANCE_MS: Final = 60_000
-
-
-@dataclass(slots=True)
-class _Delivery:
-    entry: ScheduleEntry
-    attempt: int
-    message: NewMessage | None
-    """None for an entry whose message cannot be delivered (corrupt): the range still covers
-    it, so the offset moves past it, with a log line."""
-    item: DeliveredItem | None
-
-
-@dataclass(slots=True)
-class _Batch:
-    pending: PendingQueue
-    deliveries: list[_Delivery]
-    store_ms: int
-
-
-@dataclass(slots=True)
-class _LevelState:
-    level: int
-    delay_ms: int
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    pending: PendingQueue | None = None
-    inflight_batches: int = 0
-    advance_inflight: bool = False
-    delivered_total: int = 0
-    skipped_total: int = 0
-    failures_total: int = 0
-    commands_total: int = 0
-    last_error: str | None = None
-    missing_sync: dict[int, int] = field(default_factory=dict)
-    read_error: tuple[int, str] | None = None
-    """(queue offset, error) of an entry no node could read: the level waits on it."""
-    token: TermToken | None = None
-    """The term the level's loop runs for (None while it does not run)."""
-    blocked_at: int | None = None
-    """Queue offset of the entry the level was last logged as blocked on."""
-    sync_failing: int | None = None
-    """Queue offset whose sync delivery has failed since it was last logged."""
 
 
 class ScheduleService:
@@ -222,9 +125,12 @@ class ScheduleService:
         self._closing = False
         self._runner: asyncio.Task[None] | None = None
         self._token: TermToken | None = None
-        self._states = {
-            lv: _LevelState(lv, self.levels.delay_ms(lv)) for lv in self.levels.levels()
-        }
+        self._states = {lv: LevelState(lv, self.levels.delay_ms(lv)) for lv in self.levels.levels()}
+        self._ctx = LevelContext(
+            raftlog, settings, on_delivered=on_delivered, closing=lambda: self._closing
+        )
+        self._sync = SyncDelivery(self._ctx)
+        self._async = AsyncDelivery(self._ctx)
         self.running = False
         """True while the delivery loops run (this node leads)."""
 
@@ -334,7 +240,7 @@ class ScheduleService:
             runner.cancel()
 
     def _live(self, token: TermToken) -> bool:
-        return token.is_current() and not self._closing
+        return self._ctx.live(token)
 
     def _stopped(self, why: str) -> None:
         self.running = False
@@ -350,19 +256,15 @@ class ScheduleService:
     # ------------------------------------------------------------------ replicated state
 
     def offset(self, level: int) -> int:
-        value = self.raftlog.store.kv.get(offset_key(level), 0)
-        return value if isinstance(value, int) else 0
+        return self._ctx.offset(level)
 
     @property
     def mode(self) -> str:
-        value = self.raftlog.store.kv.get(MODE_KEY)
-        if value in MODES:
-            return str(value)
-        return ASYNC if self.settings.async_deliver else SYNC
+        return self._ctx.mode
 
     @property
     def paused(self) -> bool:
-        return self.raftlog.store.kv.get(PAUSED_KEY) == 1
+        return self._ctx.paused
 
     def set_controls(
         self, *, mode: str | None = None, paused: bool | None = None
@@ -443,11 +345,11 @@ class ScheduleService:
                 log.warning("%s", fix.describe())
                 expect[key], updates[key] = have, fix.offset
         if updates and self._live(token):
-            outcome = await self._commit(self.raftlog.update(updates, expect=expect))
+            outcome = await self._ctx.commit(self.raftlog.update(updates, expect=expect))
             if outcome.status != OK:
                 raise RuntimeError(f"offset update refused: {outcome.detail}")
 
-    async def _run_level(self, st: _LevelState, token: TermToken) -> None:
+    async def _run_level(self, st: LevelState, token: TermToken) -> None:
         with token.loop(self.name, f"schedule level {st.level}"):
             st.token = token
             try:
@@ -455,492 +357,27 @@ class ScheduleService:
             finally:
                 st.token = None
 
-    async def _level_loop(self, st: _LevelState, token: TermToken) -> None:
+    async def _level_loop(self, st: LevelState, token: TermToken) -> None:
         while self._live(token):
             if self.paused:
-                await self._sleep(st, self.settings.poll_ms / 1000)
+                await self._ctx.sleep(st, self.settings.poll_ms / 1000)
                 continue
             try:
                 if self.mode == ASYNC:
-                    await self._async_session(st, token)
+                    await self._async.session(st, token)
                 else:
-                    wait_s = await self._sync_pass(st, token)
-                    await self._sleep(st, wait_s)
+                    wait_s = await self._sync.run_pass(st, token)
+                    await self._ctx.sleep(st, wait_s)
             except asyncio.CancelledError:
                 raise
-            except _TermOver:
+            except TermOver:
                 return
             except Exception as exc:  # never let one level's bug stop the others
                 if not self._live(token):
                     return
                 st.last_error = str(exc)
                 log.exception("schedule level %d failed; retrying in 1 s", st.level)
-                await self._sleep(st, 1.0)
-
-    async def _sleep(self, st: _LevelState, seconds: float) -> None:
-        """Wait ``seconds`` or until the level is woken. ``asyncio.timeout`` (not
-        ``wait_for``): a cancel arriving with the timeout is never swallowed."""
-        if seconds > 0 and not st.wake.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(seconds):
-                    await st.wake.wait()
-        st.wake.clear()
-
-    def _wait_s(self, next_due_ms: int | None, stop: StopReason) -> float:
-        poll = self.settings.poll_ms / 1000
-        if stop is StopReason.LIMIT:
-            return 0.0
-        if next_due_ms is None:
-            return poll
-        return min(poll, max(0.0, (next_due_ms - self.raftlog.clock.now_ms()) / 1000))
-
-    # ------------------------------------------------------------------ reading
-
-    def _scan(self, st: _LevelState, offset: int, limit: int) -> list[ScheduleEntry]:
-        units = self.raftlog.store.read_units(
-            SCHEDULE_TOPIC, self.levels.queue_id(st.level), offset, limit
-        )
-        return [
-            ScheduleEntry(u.queue_offset, u.commitlog_offset, u.size, u.tags_code) for u in units
-        ]
-
-    def _build(self, st: _LevelState, entry: ScheduleEntry) -> tuple[NewMessage, DeliveredItem]:
-        """The message to deliver for ``entry``.
-
-        Raises :class:`_Missing` when the CommitLog cannot give it, and
-        :class:`CorruptScheduleMessage` when it cannot be delivered at all.
-        """
-        store = self.raftlog.store
-        if entry.commitlog_offset < store.commitlog.min_offset:
-            raise _Missing(f"CommitLog starts at {store.commitlog.min_offset} now")
-        try:
-            msg = record.decode(store.read_record(entry.commitlog_offset, entry.size_bytes))
-        except (StoreCorruption, OSError, ValueError) as exc:
-            self._read_failed(st, entry, str(exc))
-            raise _Unreadable(str(exc)) from None
-        if st.read_error is not None and st.read_error[0] == entry.queue_offset:
-            log.info(
-                "schedule level %d queue offset %d is readable again", st.level, entry.queue_offset
-            )
-            st.read_error = None
-        restored = rewrite.restore(self.levels.queue_id(st.level), msg.properties)
-        queues = self.raftlog.store.queue_count(restored.topic)
-        if queues is None or restored.queue_id >= queues:
-            raise CorruptScheduleMessage(
-                f"{SCHEDULE_TOPIC} queue {st.level - 1} offset {entry.queue_offset}: real "
-                f"destination {restored.topic}/{restored.queue_id} does not exist"
-            )
-        message = NewMessage(
-            restored.topic,
-            msg.body,
-            queue_id=restored.queue_id,
-            properties=restored.properties,
-            flag=msg.flag,
-            sys_flag=msg.sys_flag,
-            born_ms=msg.born_ms,
-            reconsume_times=msg.reconsume_times,
-            msg_id=msg.msg_id,
-        )
-        item = (record.msg_id_hex(msg.msg_id), restored.topic, msg.store_ms, entry.deliver_ms)
-        return message, item
-
-    def _read_failed(self, st: _LevelState, entry: ScheduleEntry, error: str) -> None:
-        """Show (and log, once per entry) that the level waits on an unreadable message."""
-        st.failures_total += 1
-        st.last_error = f"queue offset {entry.queue_offset} unreadable: {error}"
-        if st.read_error is None or st.read_error[0] != entry.queue_offset:
-            log.error(
-                "schedule level %d waits on queue offset %d: its message (CommitLog %d, %d "
-                "bytes) cannot be read here or from a peer: %s",
-                st.level,
-                entry.queue_offset,
-                entry.commitlog_offset,
-                entry.size_bytes,
-                error,
-            )
-        st.read_error = (entry.queue_offset, error)
-
-    def _plan(self, st: _LevelState, offset: int, limit: int, now: int) -> ScanPlan:
-        """:func:`plan_scan` of the level from ``offset``: an entry due later than the level's
-        delay (plus :data:`SKEW_ALLOWANCE_MS`) from now is treated as due now."""
-        return plan_scan(
-            offset,
-            self._scan(st, offset, limit),
-            now,
-            max_delay_ms=st.delay_ms + SKEW_ALLOWANCE_MS,
-        )
-
-    # ------------------------------------------------------------------ committing
-
-    async def _commit(self, fut: Future[BatchOutcome]) -> BatchOutcome:
-        """Wait for a command the Raft thread completes. Not ``asyncio.wait_for``: in 3.11 it
-        returns the result of a future that completes as the waiter is cancelled, swallowing
-        the cancel; the shield keeps a cancel from cancelling the committer's future."""
-        async with asyncio.timeout(self.settings.commit_wait_s):
-            return await asyncio.shield(asyncio.wrap_future(fut))
-
-    def _propose(
-        self, st: _LevelState, deliveries: Sequence[_Delivery], store_ms: int
-    ) -> Future[BatchOutcome]:
-        """One command delivering ``deliveries`` (contiguous) and moving the offset past them.
-
-        Raises :class:`_TermOver` once the level's term has ended: a loop never proposes for a
-        term it no longer owns."""
-        if st.token is None or not self._live(st.token):
-            raise _TermOver
-        first = deliveries[0].entry.queue_offset
-        end = deliveries[-1].entry.queue_offset + 1
-        key = offset_key(st.level)
-        messages = [d.message for d in deliveries if d.message is not None]
-        st.commands_total += 1
-        return self.raftlog.append(
-            messages, expect={key: first}, updates={key: end}, store_ms=store_ms
-        )
-
-    def _report(self, st: _LevelState, deliveries: Sequence[_Delivery], store_ms: int) -> None:
-        items = [d.item for d in deliveries if d.item is not None]
-        st.delivered_total += len(items)
-        for d in deliveries:
-            if d.message is None:
-                st.skipped_total += 1
-        if items and self.on_delivered is not None:
-            try:
-                self.on_delivered(st.level, items, store_ms)
-            except Exception:
-                log.exception("on_delivered callback failed")
-
-    # ------------------------------------------------------------------ sync mode
-
-    async def _sync_pass(self, st: _LevelState, token: TermToken) -> float:
-        """Deliver what is due now, one committed message at a time; return how long to wait."""
-        offset = self.offset(st.level)
-        now = self.raftlog.clock.now_ms()
-        plan = self._plan(st, offset, self.settings.scan_max, now)
-        for entry in plan.due:
-            if self.mode != SYNC or self.paused or not self._live(token):
-                return 0.0
-            delivery = self._sync_delivery(st, entry)
-            if delivery is None:
-                if st.read_error is not None:
-                    return 1.0  # every try asks the peers: not more than once a second
-                return min(1.0, self.settings.pending.resend_backoff_step_ms / 1000)
-            store_ms = self.raftlog.clock.now_ms()
-            try:
-                outcome = await self._commit(self._propose(st, [delivery], store_ms))
-            except (RaftLogError, TimeoutError) as exc:
-                if not self._live(token):
-                    raise _TermOver from None  # the term ended under the command: leave
-                if isinstance(exc, ConditionFailed) and self.offset(st.level) > entry.queue_offset:
-                    # An earlier send of this entry went through (a retry after a timeout, or
-                    # a command forwarded to the next leader as this one stepped down): it is
-                    # delivered, once. Go on from the offset.
-                    log.debug("schedule level %d: %s; already delivered", st.level, exc)
-                    return 0.0
-                # A commit that fails as the leadership moves fails before the loss reaches
-                # the owner: wait the back-off, and leave without a word if the term ended.
-                await self._sleep(st, self.settings.pending.resend_backoff_step_ms / 1000)
-                if not self._live(token):
-                    raise _TermOver from None
-                self._sync_failed(st, entry, str(exc) or type(exc).__name__)
-                return 0.0
-            if outcome.status == OK and not outcome.duplicate:
-                self._report(st, [delivery], store_ms)
-            if st.sync_failing is not None and outcome.status == OK:
-                log.info(
-                    "schedule level %d queue offset %d delivered after failures",
-                    st.level,
-                    entry.queue_offset,
-                )
-                st.sync_failing = None
-            if not self._live(token):
-                raise _TermOver
-            if outcome.status != OK:
-                # Another delivery of this range went through (or the offset was corrected):
-                # start again from the replicated offset.
-                return 0.0
-        if len(plan.due) == self.settings.scan_max:
-            return 0.0  # the read was cut by the limit, more may be due
-        return self._wait_s(plan.next_due_ms, plan.stop)
-
-    def _sync_failed(self, st: _LevelState, entry: ScheduleEntry, error: str) -> None:
-        """Count a failed sync delivery; log it once per queue offset (the level retries it
-        every back-off step, and a line per retry would flood the log)."""
-        st.failures_total += 1
-        st.last_error = error
-        if st.sync_failing != entry.queue_offset:
-            st.sync_failing = entry.queue_offset
-            log.warning(
-                "schedule level %d: delivery of queue offset %d failed (retrying every %d ms): %s",
-                st.level,
-                entry.queue_offset,
-                self.settings.pending.resend_backoff_step_ms,
-                error,
-            )
-
-    def _sync_delivery(self, st: _LevelState, entry: ScheduleEntry) -> _Delivery | None:
-        try:
-            message, item = self._build(st, entry)
-        except _Unreadable:
-            return None  # the level waits; _read_failed showed why
-        except _Missing as exc:
-            tries = st.missing_sync.get(entry.queue_offset, 0) + 1
-            st.missing_sync = {entry.queue_offset: tries}
-            if tries < self.settings.pending.max_missing_tries:
-                st.failures_total += 1
-                st.last_error = f"message missing from the CommitLog: {exc}"
-                return None
-            log.warning(
-                "schedule level %d queue offset %d: message missing from the CommitLog after "
-                "%d tries; skipped",
-                st.level,
-                entry.queue_offset,
-                tries,
-            )
-            return _Delivery(entry, 1, None, None)
-        except CorruptScheduleMessage as exc:
-            log.warning("%s; skipped", exc)
-            return _Delivery(entry, 1, None, None)
-        st.missing_sync.clear()
-        return _Delivery(entry, 1, message, item)
-
-    # ------------------------------------------------------------------ async mode
-
-    async def _async_session(self, st: _LevelState, token: TermToken) -> None:
-        """Deliver asynchronously until the mode changes, the service pauses, or the term
-        ends."""
-        pq = PendingQueue(st.level, self.offset(st.level), self.settings.pending)
-        st.pending = pq
-        st.inflight_batches = 0
-        st.advance_inflight = False
-        try:
-            while self.mode == ASYNC and not self.paused and self._live(token):
-                wait_s = self._async_step(st, pq)
-                await self._sleep(st, wait_s)
-            # Let what is in flight finish so the next mode starts from a settled offset.
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.settings.commit_wait_s
-            while st.inflight_batches and loop.time() < deadline and self._live(token):
-                await self._sleep(st, 0.05)
-        finally:
-            st.pending = None
-            self._log_block(st, None)
-
-    def _async_step(self, st: _LevelState, pq: PendingQueue) -> float:
-        now = self.raftlog.clock.now_ms()
-        settled = pq.settle(now)
-        for skipped in settled.skipped:
-            log.warning("%s", skipped.reason)
-        self._log_block(st, pq.blocking_entry())
-        self._advance_over_skips(st, pq)
-        waits: list[float] = []
-        if settled.resends:
-            self._resend(st, pq, [(r.entry, r.attempt) for r in settled.resends], now)
-        if settled.next_resend_ms is not None:
-            waits.append(max(0.0, (settled.next_resend_ms - now) / 1000))
-        if pq.blocked or pq.failed_count:
-            waits.append(self.settings.poll_ms / 1000)
-            return min(waits)
-        free = pq.config.max_pending_limit - len(pq)
-        if free <= 0:
-            # Flow control (seed 000): back off and rescan once completions make room.
-            waits.append(self.settings.poll_ms / 1000)
-            return min(waits)
-        start = pq.next_offset
-        plan = self._plan(st, start, min(free, self.settings.scan_max), now)
-        run: list[_Delivery] = []
-        stopped_early = False
-        for entry in plan.due:
-            try:
-                message, item = self._build(st, entry)
-            except _Unreadable as exc:
-                if pq.try_add(entry) is AddResult.ADDED:
-                    pq.on_failure(entry.queue_offset, 1, now, str(exc))
-                stopped_early = True
-                break
-            except _Missing:
-                if pq.try_add(entry) is AddResult.ADDED:
-                    pq.on_missing(entry.queue_offset, 1, now)
-                stopped_early = True
-                break
-            except CorruptScheduleMessage as exc:
-                log.warning("%s; skipped", exc)
-                message, item = None, None
-            added = pq.try_add(entry)
-            if added is not AddResult.ADDED:
-                stopped_early = True
-                break
-            run.append(_Delivery(entry, 1, message, item))
-        self._submit_runs(st, pq, run, now)
-        if stopped_early:
-            waits.append(self.settings.poll_ms / 1000)
-        elif plan.stop is StopReason.END and len(plan.due) == min(free, self.settings.scan_max):
-            waits.append(0.0)  # the read was cut by the limit, more may be due
-        else:
-            waits.append(self._wait_s(plan.next_due_ms, plan.stop))
-        return min(waits)
-
-    def _log_block(self, st: _LevelState, block: BlockInfo | None) -> None:
-        """Log once when the level blocks (naming the entry and why) and once when it no
-        longer does."""
-        if block is not None and st.blocked_at != block.entry.queue_offset:
-            st.blocked_at = block.entry.queue_offset
-            log.error(
-                "schedule level %d blocked at queue offset %d after %d failures: %s; nothing "
-                "behind it is delivered until it goes through",
-                st.level,
-                block.entry.queue_offset,
-                block.failures,
-                block.last_error,
-            )
-        elif block is None and st.blocked_at is not None:
-            log.warning(
-                "schedule level %d no longer blocked at queue offset %d%s",
-                st.level,
-                st.blocked_at,
-                "" if st.pending is not None else " (its delivery session ended)",
-            )
-            st.blocked_at = None
-
-    def _resend(
-        self,
-        st: _LevelState,
-        pq: PendingQueue,
-        resends: list[tuple[ScheduleEntry, int]],
-        now: int,
-    ) -> None:
-        deliveries: list[_Delivery] = []
-        for i, (entry, attempt) in enumerate(resends):
-            try:
-                message, item = self._build(st, entry)
-            except (_Missing, _Unreadable) as exc:
-                if isinstance(exc, _Missing):
-                    pq.on_missing(entry.queue_offset, attempt, now)
-                else:
-                    pq.on_failure(entry.queue_offset, attempt, now, str(exc))
-                for later, later_attempt in resends[i + 1 :]:
-                    pq.on_failure(
-                        later.queue_offset, later_attempt, now, "an earlier message is missing"
-                    )
-                break
-            except CorruptScheduleMessage as exc:
-                log.warning("%s; skipped", exc)
-                message, item = None, None
-            deliveries.append(_Delivery(entry, attempt, message, item))
-        self._submit_runs(st, pq, deliveries, now)
-
-    def _submit_runs(
-        self, st: _LevelState, pq: PendingQueue, deliveries: list[_Delivery], now: int
-    ) -> None:
-        """Submit ``deliveries`` as commands of contiguous ranges, at most a batch each."""
-        batch: list[_Delivery] = []
-        for d in deliveries:
-            if batch and (
-                d.entry.queue_offset != batch[-1].entry.queue_offset + 1
-                or len(batch) >= self.settings.batch_max_messages
-            ):
-                self._submit(st, pq, batch, now)
-                batch = []
-            batch.append(d)
-        if batch:
-            self._submit(st, pq, batch, now)
-
-    def _submit(
-        self, st: _LevelState, pq: PendingQueue, deliveries: list[_Delivery], now: int
-    ) -> None:
-        store_ms = self.raftlog.clock.now_ms()
-        try:
-            fut = self._propose(st, deliveries, store_ms)
-        except _TermOver:
-            return  # the session ends at its next check; nothing of it is proposed
-        except RaftLogError as exc:
-            self._failed(st, pq, deliveries, now, str(exc))
-            return
-        st.inflight_batches += 1
-        batch = _Batch(pq, deliveries, store_ms)
-        loop = asyncio.get_running_loop()
-        fut.add_done_callback(
-            lambda f: loop.call_soon_threadsafe(self._on_batch_done, st, batch, f)
-        )
-
-    def _on_batch_done(self, st: _LevelState, batch: _Batch, fut: Future[BatchOutcome]) -> None:
-        pq = batch.pending
-        if st.pending is not pq:
-            return  # its session (or term) is over; the next one starts from the offset
-        st.inflight_batches = max(0, st.inflight_batches - 1)
-        st.wake.set()
-        now = self.raftlog.clock.now_ms()
-        try:
-            outcome = fut.result()
-        except ConditionFailed as exc:  # how the committer reports a failed ``expect``
-            self._refused(st, pq, batch, now, str(exc))
-            return
-        except Exception as exc:
-            self._failed(st, pq, batch.deliveries, now, str(exc) or type(exc).__name__)
-            return
-        if outcome.status == OK:
-            for d in batch.deliveries:
-                pq.on_success(d.entry.queue_offset)
-            if not outcome.duplicate:
-                self._report(st, batch.deliveries, batch.store_ms)
-            return
-        self._refused(st, pq, batch, now, outcome.detail)
-
-    def _refused(
-        self, st: _LevelState, pq: PendingQueue, batch: _Batch, now: int, reason: str
-    ) -> None:
-        """The offset was not where the batch's range started. Entries it has passed were
-        delivered by an earlier send of theirs (a resend after a timeout, or a command that
-        reached the next leader as this one stepped down): they count as delivered, so a level
-        never blocks on an entry that went through. The others wait for what is ahead."""
-        offset = self.offset(st.level)
-        for d in batch.deliveries:
-            if offset > d.entry.queue_offset:
-                pq.on_success(d.entry.queue_offset)
-            else:
-                st.failures_total += 1
-                st.last_error = reason
-                pq.on_failure(d.entry.queue_offset, d.attempt, now, reason or "refused")
-
-    def _failed(
-        self,
-        st: _LevelState,
-        pq: PendingQueue,
-        deliveries: Sequence[_Delivery],
-        now: int,
-        error: str,
-    ) -> None:
-        st.failures_total += len(deliveries)
-        st.last_error = error
-        for d in deliveries:
-            pq.on_failure(d.entry.queue_offset, d.attempt, now, error)
-
-    def _advance_over_skips(self, st: _LevelState, pq: PendingQueue) -> None:
-        """Move the replicated offset over skipped entries the pending queue has popped."""
-        offset = self.offset(st.level)
-        if offset >= pq.safe_offset or st.advance_inflight:
-            return
-        if st.token is None or not self._live(st.token):
-            return
-        key = offset_key(st.level)
-        try:
-            fut = self.raftlog.update({key: pq.safe_offset}, expect={key: offset})
-        except RaftLogError as exc:
-            st.last_error = str(exc)
-            return
-        st.advance_inflight = True
-        st.skipped_total += pq.safe_offset - offset
-        loop = asyncio.get_running_loop()
-
-        def done(_f: Future[BatchOutcome]) -> None:
-            loop.call_soon_threadsafe(self._advance_done, st, pq)
-
-        fut.add_done_callback(done)
-
-    def _advance_done(self, st: _LevelState, pq: PendingQueue) -> None:
-        if st.pending is not pq:
-            return
-        st.advance_inflight = False
-        st.wake.set()
+                await self._ctx.sleep(st, 1.0)
 
     # ------------------------------------------------------------------ status
 
@@ -1006,7 +443,7 @@ class ScheduleService:
         out["timer_driver"] = view.by_work.get("timer", 0)
         return out
 
-    def _pending_view(self, st: _LevelState) -> tuple[PendingStats | None, BlockInfo | None]:
+    def _pending_view(self, st: LevelState) -> tuple[PendingStats | None, BlockInfo | None]:
         """The level's pending queue as seen from another thread (it may change under us)."""
         pq = st.pending
         if pq is None or not self.running:

@@ -55,3 +55,168 @@ def test_imports_point_one_way(package: str) -> None:
             ):
                 bad.append(f"{path.relative_to(ROOT)} imports {module}")
     assert bad == []
+
+
+# ---------------------------------------------------------------------- cycles between modules
+
+# Packages whose modules must form no import cycle, imports inside functions counted (an import
+# moved into a function to dodge a cycle is still a cycle). A package joins once its own
+# cycles are mended; in the end, every package of ``TOP``.
+ACYCLIC = ("raftlog", "schedule", "timer")
+# Of these, the packages where no module imports one of ours inside a function.
+NO_LOCAL_IMPORTS = ("raftlog", "schedule", "timer")
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    """``if TYPE_CHECKING:`` or ``if typing.TYPE_CHECKING:``."""
+    if isinstance(test, ast.Name):
+        return test.id == "TYPE_CHECKING"
+    return isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+
+
+def _imports(
+    tree: ast.AST, in_function: bool = False
+) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import statement that runs (none under ``if TYPE_CHECKING:``), with whether it
+    sits inside a function."""
+    out: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
+    for child in ast.iter_child_nodes(tree):
+        if isinstance(child, ast.If) and _is_type_checking(child.test):
+            for stmt in child.orelse:
+                out.extend(_imports(stmt, in_function))
+            continue
+        if isinstance(child, ast.Import | ast.ImportFrom):
+            out.append((child, in_function))
+        inner = in_function or isinstance(
+            child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+        )
+        out.extend(_imports(child, inner))
+    return out
+
+
+def module_names(
+    root: pathlib.Path, packages: tuple[str, ...], prefix: str
+) -> dict[str, pathlib.Path]:
+    """Dotted name -> file of every module under ``root/package`` (``prefix`` goes in front:
+    this repository's packages install as ``chronomq.<package>``)."""
+    out = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[prefix + ".".join(parts)] = path
+    return out
+
+
+def _targets(
+    node: ast.Import | ast.ImportFrom, module: str, is_package: bool, known: set[str]
+) -> set[str]:
+    """The modules of ``known`` that an import statement in ``module`` loads by name."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            parent = module.split(".")
+            parent = parent[: len(parent) - node.level + (1 if is_package else 0)]
+            base = ".".join([*parent, *([base] if base else [])])
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+    return {n for n in names if n in known}
+
+
+def import_graph(
+    root: pathlib.Path, packages: tuple[str, ...], prefix: str = "chronomq."
+) -> tuple[dict[str, set[str]], list[str]]:
+    """Edges ``module -> modules it imports`` between the modules of ``packages`` (imports
+    inside functions included, ``if TYPE_CHECKING:`` blocks left out), and a line for every
+    import of one of them made inside a function."""
+    files = module_names(root, packages, prefix)
+    known = set(files)
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    local: list[str] = []
+    for module, path in files.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for node, in_function in _imports(tree):
+            hits = _targets(node, module, path.name == "__init__.py", known) - {module}
+            graph[module] |= hits
+            if in_function and hits:
+                local.append(f"{path.relative_to(root)}:{node.lineno} imports {sorted(hits)}")
+    return graph, local
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted: every
+    module of one reaches every other, so each is at least one cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:  # recursion depth is bounded by the number of modules
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in graph.get(v, ()):
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def test_no_import_cycle_between_modules() -> None:
+    graph, _ = import_graph(ROOT, ACYCLIC)
+    assert find_cycles(graph) == []
+
+
+def test_no_import_of_ours_inside_a_function() -> None:
+    _, local = import_graph(ROOT, NO_LOCAL_IMPORTS)
+    assert local == []
+
+
+def test_the_cycle_check_finds_a_cycle_dodged_inside_a_function(tmp_path: pathlib.Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.b import B\n")
+    # b needs a: the import is moved into a function, which hides the cycle from Python only.
+    (pkg / "b.py").write_text(
+        "class B:\n    def f(self):\n        from pkg import a\n        return a\n"
+    )
+    # c and d name each other for the type checker only: no cycle at run time.
+    (pkg / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.d import D\nC = 1\n"
+    )
+    (pkg / "d.py").write_text("from .c import C\nD = C\n")
+    # e -> f -> g -> e, through a relative import and a package-level one.
+    (pkg / "e.py").write_text("from . import f\n")
+    (pkg / "f.py").write_text("import pkg.g\n")
+    (pkg / "g.py").write_text("def later():\n    from .e import x\n")
+
+    graph, local = import_graph(tmp_path, ("pkg",), prefix="")
+
+    assert graph["pkg.d"] == {"pkg.c"} and graph["pkg.c"] == set()
+    assert find_cycles(graph) == [["pkg.a", "pkg.b"], ["pkg.e", "pkg.f", "pkg.g"]]
+    assert local == ["pkg/b.py:3 imports ['pkg.a']", "pkg/g.py:2 imports ['pkg.e']"]
+
+
+def test_the_cycle_check_on_a_graph() -> None:
+    assert find_cycles({"x": {"y"}, "y": {"z"}, "z": set()}) == []
+    assert find_cycles({"x": {"y"}, "y": {"x", "z"}, "z": {"z"}}) == [["x", "y"], ["z"]]

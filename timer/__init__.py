@@ -35,5 +35,7 @@ The driver, following those rules:
 - :mod:`chronomq.timer.files`: the local TimerLog/wheel/checkpoint and their realignment to that state
   after a restart or a snapshot install.
 - :mod:`chronomq.timer.message`: the timer topic's properties, timer message ids, derived records.
-- :mod:`chronomq.timer.service`: the leader's driver thread, the produce rewrite, cancel, switches.
+- :mod:`chronomq.timer.driver`: the leader's driver thread (dequeue and enqueue commands).
+- :mod:`chronomq.timer.produce`: the produce rewrite into the timer topic, with flow control.
+- :mod:`chronomq.timer.service`: the node's timer put together; cancel and switches.
 """

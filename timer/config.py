@@ -7,13 +7,17 @@ out of range raises :class:`~chronomq.timer.errors.InvalidTimerConfig` whose ``f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from chronomq.timer.errors import InvalidTimerConfig
 from chronomq.timer.slots import SlotGeometry
 from chronomq.timer.timerlog import RECORD_SIZE
 
 DAY_SEC = 86_400
+#: Wheel cells by default: two days at 100 ms (110 MB of sparse file).
+DEFAULT_WHEEL_SLOTS = 1_728_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,3 +84,22 @@ def _check_range(key: str, value: int, low: int, high: int) -> None:
         raise InvalidTimerConfig(
             f"{key} must be an integer within {low}..{high}, got {value!r}", field=key
         )
+
+
+def timer_config_from(values: Mapping[str, Any]) -> TimerConfig:
+    """The :class:`TimerConfig` of a node from its ``timer_*`` keys.
+
+    The wheel holds ``max(2 days at 100 ms, 2 x roll window)`` slots, so a read cursor lagging
+    behind ``now`` still has an unread lap in front of it for everything inside the window.
+    """
+    roll = int(values["timer_roll_window_slots"])
+    slots = max(DEFAULT_WHEEL_SLOTS, 2 * roll)
+    return TimerConfig(
+        timer_precision_ms=int(values["timer_precision_ms"]),
+        timer_wheel_slots=min(slots, 50_000_000),
+        timer_roll_window_slots=roll,
+        timer_max_delay_s=int(values["timer_max_delay_s"]),
+        timer_congest_num_each_slot=min(int(values["timer_congest_num_each_slot"]), 2**31 - 1),
+        timer_stop_enqueue=bool(values["timer_stop_enqueue"]),
+        timer_stop_dequeue=bool(values["timer_stop_dequeue"]),
+    )

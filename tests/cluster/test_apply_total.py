@@ -34,9 +34,9 @@ from chronomq.schedule import properties as sp
 from chronomq.schedule.errors import CallerError
 from chronomq.schedule.levels import SCHEDULE_TOPIC
 from chronomq.timer import message as tm
+from chronomq.timer.config import timer_config_from
 from chronomq.timer.errors import TimerCallerError
 from chronomq.timer.machine import TimerMachine
-from chronomq.timer.service import timer_config_from
 
 T0 = 1_800_000_000_000
 SEG = 64 * 1024

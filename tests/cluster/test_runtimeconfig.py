@@ -15,7 +15,7 @@ from chronomq.cluster.broker import GROUP_OFFSET_PREFIX, MEMBER_PREFIX, group_of
 from chronomq.cluster.config import NodeConfig, load
 from chronomq.cluster.configkeys import KEY_BY_NAME, KEYS
 from chronomq.cluster.errors import ApiError
-from chronomq.schedule.service import MODE_KEY
+from chronomq.schedule.state import MODE_KEY
 from chronomq.timer.state import STOP_DEQUEUE, STOP_ENQUEUE
 
 GOOD = {

@@ -25,8 +25,8 @@ from chronomq.raftlog.transfer import (
     TransferCore,
     TransferOutcome,
     pick_target,
-    transfer_leadership,
 )
+from chronomq.raftlog.transfer_driver import transfer_leadership
 
 from ._util import trio_configs, wait_until
 

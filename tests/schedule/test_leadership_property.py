@@ -27,14 +27,9 @@ import pytest
 from chronomq.raftlog.leadership import Leadership
 from chronomq.schedule.levels import DelayLevelTable
 from chronomq.schedule.pending import PendingConfig
-from chronomq.schedule.service import (
-    ASYNC,
-    MODE_KEY,
-    PAUSED_KEY,
-    SYNC,
-    ScheduleService,
-    ScheduleSettings,
-)
+from chronomq.schedule.service import ScheduleService
+from chronomq.schedule.settings import ScheduleSettings
+from chronomq.schedule.state import ASYNC, MODE_KEY, PAUSED_KEY, SYNC
 from tests.conftest import random_seed
 from tests.schedule.fakes import (
     REAL_QUEUES,

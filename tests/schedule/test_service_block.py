@@ -12,7 +12,9 @@ from chronomq.raftlog.errors import ReplicationError
 from chronomq.raftlog.leadership import Leadership
 from chronomq.schedule.levels import DelayLevelTable
 from chronomq.schedule.pending import PendingConfig
-from chronomq.schedule.service import ASYNC, MODE_KEY, ScheduleService, ScheduleSettings, offset_key
+from chronomq.schedule.service import ScheduleService
+from chronomq.schedule.settings import ScheduleSettings
+from chronomq.schedule.state import ASYNC, MODE_KEY, offset_key
 from tests.schedule.fakes import FakeRaftLog, FakeStore, VirtualClock, VirtualLoop, run_virtual
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from chronomq.timer.service import DRIVER_LOOP
+from chronomq.timer.driver import DRIVER_LOOP
 from tests.conftest import random_seed
 from tests.timer.fakes import Group
 from tests.timer.test_service import check_delivered, check_replicas_equal, config
@@ -37,12 +37,12 @@ def test_a_lost_term_stops_the_driver_before_the_next_term_starts(group: Group) 
     g.commit()
     g.clock.advance(400)
     g.step_leader()
-    assert s0._inflight, "commands in flight when the leadership goes"
+    assert s0.driver.inflight, "commands in flight when the leadership goes"
     g.elect(1)  # node 0 loses; its token is stale at once
     before = len(g.pending)
     s0.step()
     assert len(g.pending) == before, "no proposal after the term ended"
-    assert not s0._inflight and s0.leader_since_ms is None
+    assert not s0.driver.inflight and s0.driver.leader_since_ms is None
     assert s0.leadership.loops() == {}
     view = s0.leadership.stats()
     assert (view.running, view.started_total, view.stopped_total) == (0, 1, 1)
@@ -53,7 +53,7 @@ def test_a_lost_term_stops_the_driver_before_the_next_term_starts(group: Group) 
     assert s0.leadership.loops() == {}, "the new term starts only when the driver looks"
     g.step_leader()
     assert s0.leadership.loops() == {DRIVER_LOOP: g.term}
-    assert s0.leader_since_ms is not None
+    assert s0.driver.leader_since_ms is not None
 
 
 def test_a_regained_term_after_a_step_left_unstepped_does_not_stall(group: Group) -> None:

@@ -17,9 +17,8 @@ import pytest
 from chronomq.raftlog import record
 from chronomq.raftlog.errors import InvalidInput, UnknownQueue
 from chronomq.timer import message as tm
-from chronomq.timer.config import TimerConfig
+from chronomq.timer.config import TimerConfig, timer_config_from
 from chronomq.timer.errors import DelayTooLong, InvalidDeliverTime, SlotCongested
-from chronomq.timer.service import timer_config_from
 from chronomq.timer.timerlog import read_records
 from tests.conftest import random_seed
 from tests.timer.fakes import T0, Group
@@ -177,7 +176,7 @@ def test_pipelined_batches_drain_a_full_slot_in_order(make_group: Any) -> None:
     g.run(t + 2_000, tick_ms=5, commit_every=3)
     check_delivered(g, due)
     check_replicas_equal(g)
-    assert g.service.commands >= 3_000 // 512
+    assert g.service.driver.commands >= 3_000 // 512
 
 
 def test_the_observer_hears_deliveries_on_the_leader(make_group: Any) -> None:
@@ -519,11 +518,13 @@ def test_a_node_with_other_wheel_settings_refuses_to_apply(make_group: Any) -> N
 
 def test_an_idle_leader_proposes_a_command_only_every_idle_advance(make_group: Any) -> None:
     g = make_group()
-    before = g.service.commands
+    before = g.service.driver.commands
     g.run(g.clock.now_ms() + 60_000, tick_ms=7, commit_every=5)
-    idle = g.service.commands - before
+    idle = g.service.driver.commands - before
     assert (
-        60_000 // g.service.idle_advance_ms - 2 <= idle <= 60_000 // g.service.idle_advance_ms + 2
+        60_000 // g.service.driver.idle_advance_ms - 2
+        <= idle
+        <= 60_000 // g.service.driver.idle_advance_ms + 2
     )
     stats = g.service.stats()
     assert stats["read_behind_ms"] < 2 * PRECISION  # the leader's reading is current
