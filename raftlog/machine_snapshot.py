@@ -13,7 +13,6 @@ is rejected.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
