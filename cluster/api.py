@@ -48,6 +48,7 @@ from chronomq.raftlog.transfer_driver import (
     MAX_TIMEOUT_MS,
     transfer_leadership,
 )
+from chronomq.version import VERSION
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,13 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        build = Gauge(
+            "chronomq_build_info",
+            "Always 1; the label says this node's version",
+            ["version"],
+            registry=r,
+        )
+        build.labels(version=VERSION).set(1)
         self.collectors: list[Callable[[], None]] = []
 
     def refresh(self, broker: Broker) -> None:

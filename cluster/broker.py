@@ -45,10 +45,10 @@ from chronomq.raftlog.transfer_driver import transfer_leadership
 from chronomq.schedule import properties as schedule_props
 from chronomq.schedule import rewrite
 from chronomq.schedule.levels import SCHEDULE_TOPIC, DelayLevelTable
+from chronomq.version import VERSION
 
 log = logging.getLogger(__name__)
 
-VERSION = "0.1.0"
 GROUP_OFFSET_PREFIX = "go/"
 MEMBER_PREFIX = "member/"
 REMOVED = "removed"

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from chronomq.version import VERSION
+
 EXAMPLES = textwrap.dedent(
     """\
     examples:
@@ -312,16 +314,6 @@ def example_epilog(*lines: str) -> str:
     )
 
 
-def package_version() -> str:
-    """The installed distribution's version (``unknown`` when run from a bare source tree)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("chronomq")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def build_parser(extend: Callable[[Any], None] | None = None) -> argparse.ArgumentParser:
     """The node's commands; ``extend(subparsers)`` adds more (the operator tools of
     :mod:`chronomq.cli`, which sits above both packages)."""
@@ -331,7 +323,7 @@ def build_parser(extend: Callable[[Any], None] | None = None) -> argparse.Argume
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--version", action="version", version=f"chronomq {package_version()}")
+    p.add_argument("--version", action="version", version=f"chronomq {VERSION}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     node = sub.add_parser(

@@ -20,7 +20,7 @@ from chronomq.cluster import (
     runtimeconfig,
 )
 from chronomq.cluster.auth import METRICS_ROUTE, open_routes
-from chronomq.cluster.broker import VERSION
+from chronomq.version import VERSION
 
 _ERROR: Any = models.Error
 

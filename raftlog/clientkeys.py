@@ -72,7 +72,7 @@ def expire(clients: OrderedDict[bytes, bytes], cutoff_ms: int) -> None:
 
 
 def clients_from(text: str) -> OrderedDict[bytes, bytes]:
-    """Client keys from a snapshot's ``clients`` field (empty before version 3)."""
+    """Client keys from a snapshot's ``clients`` field (absent in version 1)."""
     data = base64.b64decode(text)
     size = CLIENT_ENTRY.size
     if len(data) % size:

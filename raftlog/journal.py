@@ -61,6 +61,8 @@ log = logging.getLogger(__name__)
 
 MAGIC = b"CHRONOMQ-RAFTLOG"
 VERSION = 2
+#: ``v`` of ``journal.meta`` (JSON: ``v``, ``term``, ``voted_for``).
+META_VERSION = 1
 _HEADER = struct.Struct("<16sII")
 HEADER_SIZE = _HEADER.size
 _RECORD = struct.Struct("<IIQQQ")  # length, crc, index, term, group
@@ -247,7 +249,8 @@ def load_meta(path: str) -> dict[str, Any]:
     """Term, vote and commit index from ``path`` (``journal.meta``); empty when absent.
 
     Written atomically and synced, so a file that cannot be read is damage
-    (:class:`JournalDamaged`), never a reason to start again from term 0.
+    (:class:`JournalDamaged`), never a reason to start again from term 0; so is one of another
+    version than :data:`META_VERSION` (one without ``v`` was written before the field: 1).
     """
     try:
         with open(path, "rb") as f:
@@ -259,6 +262,11 @@ def load_meta(path: str) -> dict[str, Any]:
     except orjson.JSONDecodeError:
         meta = None
     if isinstance(meta, dict):
+        version = meta.get("v", META_VERSION)
+        if version != META_VERSION or isinstance(version, bool):
+            raise JournalDamaged(
+                0, None, f"{path} has version {version!r}, this node reads {META_VERSION}"
+            )
         return meta
     # pysyncobj's pickled dict (written before this module).
     try:
@@ -504,6 +512,7 @@ class DurableJournal(Journal):
 
     def _store_meta(self) -> None:
         self._faults.check()
+        self._meta["v"] = META_VERSION
         durable.write_atomically(self._meta_path, orjson.dumps(self._meta), on_fault=self._faults)
 
     # ------------------------------------------------------------------ durability

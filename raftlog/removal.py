@@ -26,6 +26,9 @@ import orjson
 from chronomq.raftlog import durable
 
 FILE_NAME = "removed.json"
+#: ``v`` of the notice's JSON. A notice without one (written before notices carried it) is
+#: version 1; any other version is refused.
+NOTICE_VERSION = 1
 SIGNATURE_HEADER = "X-Chronomq-Signature"
 _SIGN_CONTEXT = b"chronomq-removal-notice-v1"
 _MAX_NOTICE_BYTES = 4096
@@ -47,7 +50,7 @@ class RemovalNotice:
     by: int | None  # the leader that removed it
 
     def encode(self) -> bytes:
-        return orjson.dumps(asdict(self), option=orjson.OPT_SORT_KEYS)
+        return orjson.dumps({"v": NOTICE_VERSION, **asdict(self)}, option=orjson.OPT_SORT_KEYS)
 
     @classmethod
     def decode(cls, data: bytes) -> RemovalNotice:
@@ -59,6 +62,11 @@ class RemovalNotice:
             raise NoticeRefused(f"the notice is not JSON: {exc}") from None
         if not isinstance(raw, dict):
             raise NoticeRefused("the notice must be an object")
+        version = raw.get("v", NOTICE_VERSION)
+        if version != NOTICE_VERSION or isinstance(version, bool):
+            raise NoticeRefused(
+                f"the notice has version {version!r}, this node reads {NOTICE_VERSION}"
+            )
         ints = ("node_id", "index", "term", "at_ms")
         for name in ints:
             value = raw.get(name)

@@ -42,10 +42,15 @@ from chronomq.raftlog.extension import ApplyExtension
 log = logging.getLogger(__name__)
 
 SNAPSHOT_MAGIC = b"CMQSNAP1"
-#: 3: ``clients`` holds the client idempotency keys (:data:`.clientkeys.CLIENT_ENTRY`, base64). 2 (read
-#: only): ``chain`` is :mod:`chronomq.raftlog.chain`'s and ``chain_block`` is there; every key was in
-#: ``idem``. 1 (read only): a chain over commands, which fetched bytes cannot be checked against.
+#: 3: ``chain`` is :mod:`chronomq.raftlog.chain`'s, ``chain_block`` is there and ``clients`` holds
+#: the client idempotency keys (:data:`.clientkeys.CLIENT_ENTRY`, base64). 1 (read only: the
+#: builds up to November 24, 2026 wrote it, and a whole cluster stopped on one of them starts on
+#: this one): a chain over commands, which fetched bytes cannot be checked against, and every
+#: key in ``idem``. 2 was written by no release and by no build a cluster may be upgraded from:
+#: it is refused.
 SNAPSHOT_VERSION = 3
+#: The versions :meth:`SnapshotState.parse_snapshot` reads.
+READ_VERSIONS = (1, SNAPSHOT_VERSION)
 _SNAP_HEAD = struct.Struct(">8sQ32s")
 TAIL_DIGEST_BYTES = 64 * 1024
 COMPARE_WINDOW_BYTES = 1024 * 1024
@@ -180,7 +185,7 @@ class SnapshotState:
         if hashlib.sha256(payload).digest() != digest:
             raise StoreCorruption("snapshot fails its hash")
         snap = orjson.loads(payload)
-        if snap.get("v") not in (1, 2, SNAPSHOT_VERSION):
+        if snap.get("v") not in READ_VERSIONS:
             raise StoreCorruption(f"snapshot version {snap.get('v')} is not supported")
         return snap
 

@@ -679,7 +679,7 @@ class Store(SnapshotState):
                     return _reused(batch.key)
                 return self._replay(batch.key, known.physical_offset, known.count, known.status)
             return None
-        # A key remembered before keys had fingerprints (a snapshot of version 2).
+        # A key remembered before keys had fingerprints (a snapshot of version 1).
         legacy = self.idem.get(batch.key)
         return None if legacy is None else self._replay(batch.key, *legacy)
 

@@ -14,12 +14,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOP = ("raftlog", "schedule", "timer", "cluster", "ops", "chronomq")
 
 # What each package may import of ours (``None``: anything but what FORBIDDEN names).
+# ``chronomq.version`` is a leaf every package may read (checked below).
 ALLOWED: dict[str, set[str] | None] = {
-    "raftlog": {"chronomq.raftlog"},
-    "schedule": {"chronomq.schedule", "chronomq.raftlog"},
-    "timer": {"chronomq.timer", "chronomq.raftlog"},
+    "raftlog": {"chronomq.raftlog", "chronomq.version"},
+    "schedule": {"chronomq.schedule", "chronomq.raftlog", "chronomq.version"},
+    "timer": {"chronomq.timer", "chronomq.raftlog", "chronomq.version"},
     "cluster": None,
 }
+LEAVES = ("chronomq/version.py",)
 # The node package never imports the tooling above it.
 FORBIDDEN = {"cluster": {"chronomq.ops", "chronomq.cli"}}
 
@@ -55,6 +57,12 @@ def test_imports_point_one_way(package: str) -> None:
             ):
                 bad.append(f"{path.relative_to(ROOT)} imports {module}")
     assert bad == []
+
+
+def test_a_leaf_imports_nothing_of_ours() -> None:
+    for leaf in LEAVES:
+        ours = {m for m in imported(ROOT / leaf) if m.split(".")[0] in TOP}
+        assert ours == set(), f"{leaf} imports {sorted(ours)}"
 
 
 # ---------------------------------------------------------------------- cycles between modules

@@ -16,6 +16,7 @@ import pytest
 
 from chronomq.raftlog import command as cmdcodec
 from chronomq.raftlog.clientkeys import CLIENT_ENTRY, key_digest
+from chronomq.raftlog.errors import StoreCorruption
 from chronomq.raftlog.snapshot import SNAPSHOT_MAGIC
 from chronomq.raftlog.store import KEY_REUSED, OK, ApplyResult, Store
 
@@ -234,7 +235,12 @@ def test_snapshot_round_trip_keeps_the_client_keys(make_store: Callable[..., Sto
     assert a.client_key("k6") is None  # expired with the same command on both
 
 
-def test_a_version_2_snapshot_still_restores(make_store: Callable[..., Store]) -> None:
+def _snapshot_file(payload: dict[str, object]) -> bytes:
+    raw = orjson.dumps(payload)
+    return SNAPSHOT_MAGIC + len(raw).to_bytes(8, "big") + hashlib.sha256(raw).digest() + raw
+
+
+def test_a_version_1_snapshot_still_restores(make_store: Callable[..., Store]) -> None:
     """Before fingerprints every key was in ``idem``: such a client key still replays (for
     any request) until the count window drops it."""
     a, b = make_store("a"), make_store("b")
@@ -242,10 +248,10 @@ def test_a_version_2_snapshot_still_restores(make_store: Callable[..., Store]) -
     apply = Replicas([a])
     first = apply(cmds([("http:t:old", None, [b"x"])], STORE_MS, None))
     payload = Store.parse_snapshot(a.snapshot({}))
-    payload["v"] = 2
-    del payload["clients"]
-    raw = orjson.dumps(payload)
-    data = SNAPSHOT_MAGIC + len(raw).to_bytes(8, "big") + hashlib.sha256(raw).digest() + raw
+    payload["v"] = 1
+    payload["chain"] = "00" * 16  # a chain over commands: means nothing now
+    del payload["clients"], payload["chain_block"]
+    data = _snapshot_file(payload)
     b.restore(
         Store.parse_snapshot(data),
         lambda target: target.write(a.commitlog.read_range(target.start, target.end)),
@@ -255,6 +261,14 @@ def test_a_version_2_snapshot_still_restores(make_store: Callable[..., Store]) -
     res.index = b.applied_index
     again = res(cmds([("http:t:old", fp("r"), [b"x"])], STORE_MS + 1))
     assert again.outcomes[0].duplicate and again.outcomes[0].placed == first.outcomes[0].placed
+
+
+def test_a_version_2_snapshot_is_refused(make_store: Callable[..., Store]) -> None:
+    """Version 2 was written by no release and by no build a cluster is upgraded from."""
+    payload = Store.parse_snapshot(make_store("a").snapshot({}))
+    payload["v"] = 2
+    with pytest.raises(StoreCorruption, match="snapshot version 2 is not supported"):
+        Store.parse_snapshot(_snapshot_file(payload))
 
 
 def test_commands_with_five_field_batches_still_decode() -> None:

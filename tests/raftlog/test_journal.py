@@ -203,6 +203,24 @@ def test_an_unreadable_meta_file_refuses_instead_of_forgetting_the_vote(jpath: P
     assert problem is not None and "term and vote" in problem.reason
 
 
+def test_the_meta_file_carries_its_version_and_another_version_is_refused(jpath: Path) -> None:
+    jpath.parent.mkdir()
+    j = _journal(jpath)
+    j.setCurrentTerm(3, "x")
+    j.close()
+    meta_path = jpath.parent / "journal.meta"
+    meta = orjson.loads(meta_path.read_bytes())
+    assert meta == {"v": 1, "term": 3, "voted_for": "x"}
+    del meta["v"]  # as written before the field
+    meta_path.write_bytes(orjson.dumps(meta))
+    again = _journal(jpath)
+    assert (again.getCurrentTerm(), again.getVotedForNodeId()) == (3, "x")
+    again.close()
+    meta_path.write_bytes(orjson.dumps({**meta, "v": 2}))
+    problem = check_journal(str(jpath))
+    assert problem is not None and "version 2" in problem.reason
+
+
 def test_the_commit_index_is_saved_on_the_one_second_timer(jpath: Path) -> None:
     jpath.parent.mkdir()
     j = _journal(jpath)

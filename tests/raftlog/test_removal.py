@@ -50,6 +50,18 @@ def test_a_malformed_notice_is_refused(body: bytes) -> None:
         _verify(body, sign(SECRET, body))
 
 
+def test_a_notice_carries_its_version_and_one_without_it_is_version_1() -> None:
+    body = NOTICE.encode()
+    assert body.startswith(b'{"at_ms":1790000000000,"by":0,"index":120,') and body.endswith(
+        b',"v":1}'
+    )
+    older = body.replace(b',"v":1}', b"}")
+    assert _verify(older, sign(SECRET, older)) == NOTICE
+    newer = body.replace(b',"v":1}', b',"v":2}')
+    with pytest.raises(NoticeRefused, match="version 2"):
+        _verify(newer, sign(SECRET, newer))
+
+
 def test_the_file_survives_and_a_damaged_one_still_means_removed(tmp_path: Path) -> None:
     f = RemovalFile(tmp_path)
     assert f.load() is None
