@@ -161,30 +161,6 @@ class TermToken:
 CallLater = Callable[[float, Callable[[], None]], None]
 
 
-def drive(
-    stop: threading.Event,
-    wake: threading.Event,
-    step: Callable[[], float],
-    failed: Callable[[], None],
-    what: str,
-) -> None:
-    """A leader-work driver thread's loop: ``step()`` returns how long it may sleep (``wake``
-    cuts it short) until ``stop`` is set; a step that raises is logged, ``failed()`` resets
-    what the driver had in flight, and it retries after 0.2 s."""
-    timeout = 0.0
-    while not stop.is_set():
-        wake.wait(timeout)
-        wake.clear()
-        if stop.is_set():
-            return
-        try:
-            timeout = step()
-        except Exception:
-            log.exception("%s step failed; retrying", what)
-            failed()
-            timeout = 0.2
-
-
 def _thread_timer(delay_s: float, fn: Callable[[], None]) -> None:
     timer = threading.Timer(delay_s, fn)
     timer.daemon = True

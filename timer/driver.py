@@ -18,11 +18,12 @@ idle cluster does not commit ten commands a second.
 :class:`chronomq.raftlog.leadership.Leadership`, which the log feeds with confirmed terms (a
 barrier committed in the term, so every earlier timer command is applied here and the
 committed cursor is current). The owner hands the driver a
-:class:`~chronomq.raftlog.leadership.TermToken` for a term; the driver thread takes it up at its
-next step and does leader work only while that token is current: every proposal checks it.
-When the term ends the driver, at its next step (the owner wakes it), drops its in-flight
-commands and cursors, counts its loop stopped and tells the owner, and only then may the next
-term's work start, which plans again from the committed cursor. A follower keeps its wheel
+:class:`~chronomq.raftlog.leadership.TermToken` for a term; the driver takes it up at its next
+turn (:class:`chronomq.raftlog.leaderloop.SteppedWork` calls :meth:`TimerDriver.begin`) and
+does leader work only while that token is current: every proposal checks it. When the term
+ends the driver, at its next turn (the owner wakes it), drops its in-flight commands and
+cursors (:meth:`TimerDriver.end`), counts its loop stopped and tells the owner, and only then
+may the next term's work start, which plans again from the committed cursor. A follower keeps its wheel
 current by applying the same commands, so taking over is planning from the committed cursor at
 once; :attr:`TimerDriver.takeover` says how long the first command took.
 
@@ -45,7 +46,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from chronomq.raftlog.errors import RaftLogError
-from chronomq.raftlog.leadership import Piece, TermToken, drive
+from chronomq.raftlog.leaderloop import SteppedWork, Wake, run_turns
+from chronomq.raftlog.leadership import TermToken
 from chronomq.raftlog.node import RaftLog
 from chronomq.raftlog.store import ApplyResult
 from chronomq.timer import message as tm
@@ -114,12 +116,11 @@ class TimerDriver:
         # Node-level defaults of the runtime switches; the replicated ones win once set.
         self.stop_enqueue_default = config.timer_stop_enqueue
         self.stop_dequeue_default = config.timer_stop_dequeue
-        self._wake = threading.Event()
+        self._wake = Wake()
         self._stop = stop
         self._thread: threading.Thread | None = None
-        self._token_lock = threading.Lock()
-        self._next_token: TermToken | None = None
-        """Handed over by the leadership owner, taken up by the driver at its next step."""
+        #: The driver as leader-only work: takes it through terms (``begin``/``end``).
+        self.work = SteppedWork(DRIVER_WORK, DRIVER_LOOP, self, self._wake)
         # Driver state (driver thread only).
         self._token: TermToken | None = None
         """The term the driver works for; None while it does no leader work."""
@@ -150,9 +151,9 @@ class TimerDriver:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def piece(self) -> Piece:
+    def piece(self) -> SteppedWork:
         """The driver as leader-only work, for the leadership owner."""
-        return Piece(DRIVER_WORK, self._begin_term, self._wake.set)
+        return self.work
 
     def wake(self) -> None:
         """Cut the driver's sleep short (any thread)."""
@@ -164,9 +165,14 @@ class TimerDriver:
         self._thread.start()
 
     def step(self) -> float:
-        """One turn of the driver (what its thread loops on); tests call it with a fake clock."""
+        """One step of the driver for the term it works for; how long it may sleep."""
         self._notify_observer()
         return self._step()
+
+    def turn(self) -> float:
+        """Take up (or leave) the term the owner handed over, then :meth:`step`: what the
+        driver thread loops on; tests call it with a fake clock."""
+        return self.work.turn()
 
     def close(self) -> None:
         """Stop the driver thread and leave the term it works for."""
@@ -176,7 +182,7 @@ class TimerDriver:
             self._thread.join(timeout=5)
             if self._thread.is_alive():
                 return  # still stepping; it leaves its term when the step returns
-        self._leave_term()
+        self.work.close()
 
     # ------------------------------------------------------------------ figures
 
@@ -200,19 +206,6 @@ class TimerDriver:
 
     # ------------------------------------------------------------------ listeners
 
-    def _begin_term(self, token: TermToken) -> None:
-        """The leadership owner starts the driver's work for ``token.term`` (leadership thread);
-        the driver takes it up at its next step."""
-        if self._stop.is_set():
-            token.exited(DRIVER_WORK)
-            return
-        with self._token_lock:
-            stale, self._next_token = self._next_token, token
-        if stale is not None:  # never taken up: the owner ended it before the driver looked
-            stale.exited(DRIVER_WORK)
-        self._confirmed_at = self._mono()
-        self._wake.set()
-
     def on_apply(self, result: ApplyResult) -> None:
         # Raft thread: cheap. Wake the driver when the timer topic grew on the leader.
         if not result.messages or not self.raftlog.is_leader:
@@ -229,12 +222,10 @@ class TimerDriver:
     # ------------------------------------------------------------------ driver
 
     def _run(self) -> None:
-        try:
-            drive(self._stop, self._wake, self.step, self._step_failed, "timer driver")
-        finally:
-            self._leave_term()
+        run_turns(self.work, self._stop, "timer driver")
 
-    def _step_failed(self) -> None:
+    def failed(self) -> None:
+        """A step raised: plan again from the committed cursor."""
         self._resync = True
 
     def _notify_observer(self) -> None:
@@ -255,39 +246,21 @@ class TimerDriver:
         self.scan_cursor = None
         self._resync = False
 
-    def _take_term(self) -> TermToken | None:
-        """The token the driver works for now: leave an ended term (resetting the in-flight
-        state and telling the owner), then take up the one the owner handed over, if any."""
-        token = self._token
-        if token is not None and not token.is_current():
-            self._leave_term()
-        if self._token is None:
-            with self._token_lock:
-                token, self._next_token = self._next_token, None
-            if token is not None:
-                if not token.is_current() or self._stop.is_set():
-                    token.exited(DRIVER_WORK)
-                    return None
-                token.enter_loop(DRIVER_WORK, DRIVER_LOOP)
-                self._token = token
-                self._become_leader()
-        return self._token
+    def begin(self, token: TermToken) -> None:
+        """Work for ``token.term`` from now on: plan from the committed cursor."""
+        self._confirmed_at = self._mono()
+        self._token = token
+        self._become_leader()
 
-    def _leave_term(self) -> None:
+    def end(self) -> None:
         """Stop the leader work: drop what is in flight (the next term plans from the committed
-        cursor) and tell the owner."""
+        cursor)."""
         token, self._token = self._token, None
-        with self._token_lock:
-            pending, self._next_token = self._next_token, None
-        if pending is not None:
-            pending.exited(DRIVER_WORK)
         if token is None:
             return
         self._reset()
         self.leader_since_ms = None
         log.info("timer driver stopped: term %d ended", token.term)
-        token.exit_loop(DRIVER_LOOP)
-        token.exited(DRIVER_WORK)
 
     def _current(self) -> bool:
         token = self._token
@@ -295,7 +268,7 @@ class TimerDriver:
 
     def _step(self) -> float:
         """One turn of the driver; returns how long it may sleep (a wake cuts it short)."""
-        if self._take_term() is None:
+        if self._token is None:
             return 0.5
         if not self.raftlog.is_leader:
             return 0.05  # the loss is on its way to the owner: propose nothing meanwhile

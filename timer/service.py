@@ -116,7 +116,7 @@ class TimerService:
 
     def step(self) -> float:
         """One turn of the driver (what its thread loops on); tests call it with a fake clock."""
-        return self.driver.step()
+        return self.driver.turn()
 
     def close(self) -> None:
         """Stop the driver. The files stay open until the log closes (the Raft thread may still

@@ -67,7 +67,8 @@ from chronomq.cluster.pop.state import (
 )
 from chronomq.raftlog import record
 from chronomq.raftlog.errors import RaftLogError
-from chronomq.raftlog.leadership import Leadership, Piece, TermToken, drive
+from chronomq.raftlog.leaderloop import SteppedWork, Steps, Wake, run_turns
+from chronomq.raftlog.leadership import Leadership, TermToken
 from chronomq.raftlog.node import RaftLog
 from chronomq.raftlog.store import ApplyResult
 
@@ -183,12 +184,18 @@ class PopService:
         self._own_leadership = leadership is None
         self.leadership = leadership or Leadership(now_ms=raftlog.clock.monotonic_ms)
         self._rr: dict[tuple[str, str], itertools.count[int]] = {}
-        self._wake = threading.Event()
+        self._wake = Wake()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._token_lock = threading.Lock()
-        self._next_token: TermToken | None = None
         self._token: TermToken | None = None
+        self.work = SteppedWork(
+            REVIVE_WORK,
+            REVIVE_LOOP,
+            Steps(self._begin, self._step, self._failed, self._end),
+            self._wake,
+        )
+        """The revive driver as leader-only work: takes it through terms."""
         self._inflight: Future[ApplyResult] | None = None
         self._inflight_deadline_ms = 0.0
         self._seen_revive = 0
@@ -201,7 +208,7 @@ class PopService:
     def register(self) -> None:
         self.raftlog.register_extension(self.machine)
         self.raftlog.add_apply_listener(self._on_apply)
-        self.leadership.register(Piece(REVIVE_WORK, self._begin_term, self._wake.set))
+        self.leadership.register(self.work)
         if self._own_leadership:
             self.raftlog.add_leader_listener(self.leadership.on_leader)
 
@@ -216,7 +223,7 @@ class PopService:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self._leave_term()
+        self.work.close()
 
     def stats(self) -> dict[str, Any]:
         """This node's view: the revive topic read so far and behind, and what apply did."""
@@ -484,46 +491,19 @@ class PopService:
             self._seen_revive = end
             self._wake.set()
 
-    def _begin_term(self, token: TermToken) -> None:
-        if self._stop.is_set():
-            token.exited(REVIVE_WORK)
-            return
-        with self._token_lock:
-            stale, self._next_token = self._next_token, token
-        if stale is not None:
-            stale.exited(REVIVE_WORK)
-        self._wake.set()
+    def _begin(self, token: TermToken) -> None:
+        self._token = token
 
-    def _take_term(self) -> TermToken | None:
-        token = self._token
-        if token is not None and not token.is_current():
-            self._leave_term()
-        if self._token is None:
-            with self._token_lock:
-                token, self._next_token = self._next_token, None
-            if token is not None:
-                if not token.is_current() or self._stop.is_set():
-                    token.exited(REVIVE_WORK)
-                    return None
-                token.enter_loop(REVIVE_WORK, REVIVE_LOOP)
-                self._token = token
-        return self._token
-
-    def _leave_term(self) -> None:
-        token, self._token = self._token, None
-        with self._token_lock:
-            pending, self._next_token = self._next_token, None
-        if pending is not None:
-            pending.exited(REVIVE_WORK)
+    def _end(self) -> None:
+        self._token = None
         self._inflight = None
-        if token is None:
-            return
-        token.exit_loop(REVIVE_LOOP)
-        token.exited(REVIVE_WORK)
 
     def step(self) -> float:
         """One turn of the revive driver; how long it may sleep (a wake cuts it short)."""
-        token = self._take_term()
+        return self.work.turn()
+
+    def _step(self) -> float:
+        token = self._token
         if token is None or self._stop.is_set():
             return IDLE_S
         now = self.raftlog.clock.monotonic_ms()
@@ -558,10 +538,7 @@ class PopService:
         return 0.0
 
     def _run(self) -> None:
-        try:
-            drive(self._stop, self._wake, self.step, self._step_failed, "pop revive driver")
-        finally:
-            self._leave_term()
+        run_turns(self.work, self._stop, "pop revive driver")
 
-    def _step_failed(self) -> None:
+    def _failed(self) -> None:
         self._inflight = None
