@@ -15,15 +15,20 @@ thread of its own, or a test with a fake clock, one turn at a time.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
-from chronomq.raftlog.leadership import TermToken
+from chronomq.raftlog.leadership import Leadership, Piece, TermToken
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: How long a stepped driver waits before it steps again after a step raised.
 RETRY_S: Final = 0.2
@@ -182,3 +187,226 @@ def run_turns(work: SteppedWork, stop: threading.Event, what: str) -> None:
                 timeout = RETRY_S
     finally:
         work.close()
+
+
+# ---------------------------------------------------------------------- the runtime
+
+#: The runtime's name as leader-only work, and its thread's.
+WORK: Final = "leader-work"
+
+Run = Callable[[TermToken, asyncio.Event], Awaitable[None]]
+"""A loop's body for one term: ``run(token, wake)``; it leaves once ``token`` is stale."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoopSpec:
+    """One leader-only loop, run once per term by :class:`LeaderRuntime`."""
+
+    work: str
+    """The piece it belongs to (``schedule``, ``timer``, ``pop-revive``): the owner counts
+    loops by it."""
+    name: str | None
+    """The loop's name (``timer driver``), counted while it runs; None for a loop that counts
+    the loops it runs itself (the schedule, one per level)."""
+    run: Run
+    on_wake: Callable[[], None] | None = None
+    """Called on the runtime's loop when the term's token went stale (and on close)."""
+    on_close: Callable[[], None] | None = None
+    """Called once the runtime has stopped (release a thread, say)."""
+
+
+async def sleep(wake: asyncio.Event, seconds: float) -> None:
+    """Wait ``seconds`` or until ``wake`` is set, and consume the wake-up. ``asyncio.timeout``,
+    not ``wait_for``: a cancel arriving with the timeout is never swallowed."""
+    if seconds > 0 and not wake.is_set():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await wake.wait()
+    wake.clear()
+
+
+async def commit(fut: Future[T], wait_s: float) -> T:
+    """Wait up to ``wait_s`` for a command the Raft thread completes. Not
+    ``asyncio.wait_for``: in 3.11 it returns the result of a future that completes as the
+    waiter is cancelled, swallowing the cancel; the shield keeps a cancel from cancelling the
+    committer's future."""
+    async with asyncio.timeout(wait_s):
+        return await asyncio.shield(asyncio.wrap_future(fut))
+
+
+class LeaderRuntime:
+    """One node's leader-only loops on one ``leader-work`` thread with one asyncio loop.
+
+    It is the only :class:`~chronomq.raftlog.leadership.Work` registered with the node's
+    :class:`~chronomq.raftlog.leadership.Leadership`. ``start(token)`` creates one task per
+    :class:`LoopSpec` (each inside ``token.loop(work, name)``); once every task of the term is
+    done, a done callback (not a ``finally``: a task cancelled before its first step never
+    enters its body) tells the owner the term's work exited. ``wake()`` sets every loop's wake
+    event and cancels the stale term's tasks; cancelling only cuts waits short, the token is
+    what stops a loop.
+    """
+
+    name: Final = WORK
+
+    def __init__(self, leadership: Leadership) -> None:
+        self.leadership = leadership
+        self._specs: list[LoopSpec] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._registered = False
+        self.closing = False
+        """Set by :meth:`close`: the loops leave, whatever their token says."""
+        self._token: TermToken | None = None
+        self._tasks: dict[asyncio.Task[None], asyncio.Event] = {}
+
+    # ------------------------------------------------------------------ life cycle
+
+    def add(self, spec: LoopSpec) -> None:
+        """Run ``spec`` for every term from the next one on (or this one, if it runs)."""
+        self._specs.append(spec)
+        token = self._token
+        if token is not None:
+            self.call_soon(self._spawn_late, spec, token)
+
+    def start(self) -> None:
+        """Start the ``leader-work`` thread and register with the leadership owner."""
+        self._thread = threading.Thread(target=self._main, name=WORK, daemon=True)
+        self._thread.start()
+        self._ready.wait(5)
+        self.attach()
+
+    def attach(self) -> None:
+        """Register with the leadership owner (once)."""
+        if not self._registered:
+            self._registered = True
+            self.leadership.register(Piece(WORK, self.start_term, self.wake))
+
+    def close(self) -> None:
+        """Stop every loop and the thread."""
+        self.closing = True
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(stop.set)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _main(self) -> None:
+        asyncio.run(self.serve())
+
+    async def serve(self) -> None:
+        """The runtime's loop: runs until :meth:`close` (the thread of :meth:`start` runs it;
+        tests run it on their own loop and call :meth:`attach`)."""
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            self.closing = True
+            self._end_term()
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for spec in self._specs:
+                if spec.on_close is not None:
+                    try:
+                        spec.on_close()
+                    except Exception:
+                        log.exception("closing leader-only loop %s failed", spec.work)
+
+    def stats(self) -> dict[str, Any]:
+        """The running leader-only loops (:meth:`Leadership.stats`)."""
+        return self.leadership.stats().as_dict()
+
+    def call_soon(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on the runtime's loop (any thread); nothing if it does not run."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # closed meanwhile
+            loop.call_soon_threadsafe(fn, *args)
+
+    # ------------------------------------------------------------------ the owner's calls
+
+    def start_term(self, token: TermToken) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed() or self.closing:
+            token.exited(WORK)
+            return
+        try:
+            loop.call_soon_threadsafe(self._spawn, token)
+        except RuntimeError:  # closed meanwhile
+            token.exited(WORK)
+
+    def wake(self) -> None:
+        """The term ended (any thread): every loop looks at its token now."""
+        self.call_soon(self._end_term)
+
+    # ------------------------------------------------------------------ on the loop
+
+    def _spawn(self, token: TermToken) -> None:
+        if self.closing or not token.is_current() or self._token is not None:
+            # The owner starts a term only once the last one exited, so a term still here is
+            # a bug: refuse rather than run two sets of loops.
+            if self._token is not None:
+                log.error(
+                    "leader-only loops of term %d not started: term %d still runs",
+                    token.term,
+                    self._token.term,
+                )
+            token.exited(WORK)
+            return
+        self._token = token
+        for spec in self._specs:
+            self._spawn_one(spec, token)
+        if not self._tasks:
+            self._token = None
+            token.exited(WORK)
+
+    def _spawn_late(self, spec: LoopSpec, token: TermToken) -> None:
+        """A loop added while ``token``'s term runs joins it (if its other loops still run)."""
+        if self._token is token and self._tasks and token.is_current() and not self.closing:
+            self._spawn_one(spec, token)
+
+    def _spawn_one(self, spec: LoopSpec, token: TermToken) -> None:
+        wake = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._run(spec, token, wake), name=spec.name or spec.work)
+        self._tasks[task] = wake
+        task.add_done_callback(lambda t: self._done(t, spec, token))
+
+    @staticmethod
+    async def _run(spec: LoopSpec, token: TermToken, wake: asyncio.Event) -> None:
+        if spec.name is None:
+            await spec.run(token, wake)
+            return
+        with token.loop(spec.work, spec.name):
+            await spec.run(token, wake)
+
+    def _done(self, task: asyncio.Task[None], spec: LoopSpec, token: TermToken) -> None:
+        self._tasks.pop(task, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "leader-only loop %s ended in term %d: %r",
+                spec.name or spec.work,
+                token.term,
+                task.exception(),
+            )
+        if not self._tasks and self._token is token:
+            self._token = None
+            token.exited(WORK)
+
+    def _end_term(self) -> None:
+        for wake in self._tasks.values():
+            wake.set()
+        for spec in self._specs:
+            if spec.on_wake is not None:
+                spec.on_wake()
+        token = self._token
+        if token is not None and (self.closing or not token.is_current()):
+            for task in self._tasks:
+                task.cancel()
