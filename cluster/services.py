@@ -4,9 +4,9 @@ Each service follows the same life: built from the node's config, started after 
 machine, closed before the Raft machine. Their leader-only work (the schedule level loops, the
 timer driver, pop revive) is owned by one :class:`chronomq.raftlog.leadership.Leadership` per
 node, fed by the log's confirmed leadership: it runs each term's work only once the last
-term's has exited. The schedule's loops run on the node's
+term's has exited. They all run on the node's
 :class:`chronomq.raftlog.leaderloop.LeaderRuntime` (the ``leader-work`` thread), the only work
-registered with that owner besides the stepped drivers. Their HTTP routes live in
+registered with that owner. Their HTTP routes live in
 ``cluster/api_<service>.py``.
 """
 
@@ -131,7 +131,7 @@ def _timer(
         open_url=broker.peer_client.urlopen,
         on_delivered=observer,
         commit_timeout_ms=config.commit_timeout_ms,
-        leadership=broker.leadership,
+        runtime=runtime,
     )
     broker.timer = service
     broker.timer_hook = service.produce_hook
@@ -150,7 +150,7 @@ def _pop(
         config.cluster_secret_bytes or b"chronomq/no-cluster-secret",
         max_reconsume_times=config.max_reconsume_times,
         commit_timeout_ms=config.commit_timeout_ms,
-        leadership=broker.leadership,
+        runtime=runtime,
     )
     broker.pop = service
     return service

@@ -1,26 +1,39 @@
-"""How a node runs its leader-only work: the one place that turns a
-:class:`~chronomq.raftlog.leadership.TermToken` into running loops.
+"""How a node runs its leader-only work: one ``leader-work`` thread with one asyncio loop, the
+one place that turns a :class:`~chronomq.raftlog.leadership.TermToken` into running loops.
+
+:class:`LeaderRuntime` is created next to the node's
+:class:`~chronomq.raftlog.leadership.Leadership` and registered with it as its only
+:class:`~chronomq.raftlog.leadership.Work`. Each loop is a small module with one shape, a
+:class:`LoopSpec` ``(work, name, run)`` where ``run(token, wake)`` works for ``token.term`` and
+returns once the token is stale: the schedule's levels (:mod:`chronomq.schedule.level_loop`),
+the timer driver (:mod:`chronomq.timer.driver`) and pop revive. For each term the runtime
+starts one task per loop, each inside ``token.loop(work, name)``, and tells the owner the
+term's work exited once every task is done (a done callback, not a ``finally``: a task
+cancelled before its first step never enters its body). When the token goes stale the runtime
+sets every loop's ``wake`` event and cancels the term's tasks; cancelling only cuts waits
+short, the token is what stops a loop. The shared helpers wait the way every loop must:
+:func:`sleep` and :func:`commit` under ``asyncio.timeout`` (``wait_for`` can swallow a cancel).
 
 A stepped driver (the timer's dequeue/enqueue driver, pop revive) is a plain object with four
 calls, :class:`Stepped`: ``begin(token)`` when a term's work starts, ``step()`` as long as the
 token is current (it answers how long it may sleep; a :class:`Wake` cuts the sleep short),
-``failed()`` after a step that raised (the loop retries after :data:`RETRY_S`), and ``end()``
-once the term is over (drop what is in flight: the next term plans from committed state).
-:class:`SteppedWork` takes such a driver through terms as one piece of
-:class:`~chronomq.raftlog.leadership.Work`: the token the owner hands over is taken up at the
-next :meth:`SteppedWork.turn`, and a stale one is left (``end()``, the loop counted stopped, the
-owner told) before the next is taken up. Whoever holds it turns it: :func:`run_turns` on a
-thread of its own, or a test with a fake clock, one turn at a time.
+``failed()`` after a step that raised (it steps again after :data:`RETRY_S`), and ``end()`` once
+the term is over (drop what is in flight: the next term plans from committed state).
+:class:`SteppedLoop` runs one as a loop of the runtime, its calls on a thread of the driver's
+own. :class:`SteppedWork` takes one through terms by hand instead, for tests with a fake
+clock: the token the owner hands over is taken up at the next :meth:`SteppedWork.turn`, and a
+stale one is left (``end()``, the loop counted stopped, the owner told) before the next.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeVar
 
@@ -69,13 +82,27 @@ class Steps:
 
 
 class Wake:
-    """A wake-up call that any thread may make (a commit, a switch): the driver's sleep ends."""
+    """A wake-up call that any thread may make (a commit, a switch): the driver's sleep ends,
+    on a turning thread (:meth:`wait`) or on the runtime's loop (:meth:`bind`)."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
+        self._target: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
 
     def set(self) -> None:
         self._event.set()
+        target = self._target
+        if target is not None:
+            loop, event = target
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(event.set)
+
+    def bind(self, loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
+        """Wake-ups set ``event`` on ``loop`` too, until :meth:`unbind`."""
+        self._target = (loop, event)
+
+    def unbind(self) -> None:
+        self._target = None
 
     def wait(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for a wake-up, and consume it."""
@@ -166,27 +193,6 @@ class SteppedWork:
         finally:
             token.exit_loop(self.loop)
             token.exited(self.work)
-
-
-def run_turns(work: SteppedWork, stop: threading.Event, what: str) -> None:
-    """A stepping thread's loop: turn ``work`` until ``stop`` is set, sleeping as long as each
-    turn allows (its :class:`Wake` cuts the sleep short); a turn that raises is logged, the
-    driver's ``failed()`` resets what it had in flight, and it turns again after
-    :data:`RETRY_S`. The term in hand is left on the way out."""
-    timeout = 0.0
-    try:
-        while not stop.is_set():
-            work.wake_up.wait(timeout)
-            if stop.is_set():
-                return
-            try:
-                timeout = work.turn()
-            except Exception:
-                log.exception("%s step failed; retrying", what)
-                work.driver.failed()
-                timeout = RETRY_S
-    finally:
-        work.close()
 
 
 # ---------------------------------------------------------------------- the runtime
@@ -410,3 +416,55 @@ class LeaderRuntime:
         if token is not None and (self.closing or not token.is_current()):
             for task in self._tasks:
                 task.cancel()
+
+
+class SteppedLoop:
+    """A :class:`Stepped` driver as a loop of the :class:`LeaderRuntime`: ``begin(token)``,
+    then ``step()`` while the token is current, sleeping as long as each step allows (its
+    :class:`Wake` cuts the sleep short), then ``end()``. A step that raises is logged, the
+    driver's ``failed()`` resets what it had in flight, and it steps again after
+    :data:`RETRY_S`. Every call runs on a thread of the driver's own, one at a time, in order:
+    planning reads files and must not stall the other loops, and the next term's ``begin``
+    never overtakes the last term's ``end``."""
+
+    def __init__(self, work: str, name: str, driver: Stepped, wake: Wake, what: str) -> None:
+        self.work = work
+        self.name = name
+        self.driver = driver
+        self.wake_up = wake
+        self.what = what
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"{WORK}-{work}")
+        self.running = False
+        """True while a term's loop runs."""
+
+    def spec(self) -> LoopSpec:
+        return LoopSpec(self.work, self.name, self.run, on_close=self.close)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False)
+
+    async def run(self, token: TermToken, wake: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        self.wake_up.bind(loop, wake)
+        self.running = True
+        try:
+            timeout = await self._call(loop, functools.partial(self.driver.begin, token))
+            while token.is_current():
+                await sleep(wake, timeout)
+                if not token.is_current():
+                    break
+                timeout = await self._call(loop, self.driver.step)
+        finally:
+            self.running = False
+            self.wake_up.unbind()
+            # Shielded: the driver leaves its term even if this loop is cancelled again.
+            await asyncio.shield(loop.run_in_executor(self._executor, self.driver.end))
+
+    async def _call(self, loop: asyncio.AbstractEventLoop, fn: Callable[[], float | None]) -> float:
+        try:
+            timeout = await loop.run_in_executor(self._executor, fn)
+        except Exception:
+            log.exception("%s step failed; retrying", self.what)
+            await loop.run_in_executor(self._executor, self.driver.failed)
+            return RETRY_S
+        return 0.0 if timeout is None else timeout

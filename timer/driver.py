@@ -1,7 +1,8 @@
 """The timer's leader-only driver: when to propose which enqueue and dequeue commands.
 
-A plain thread (``timer-driver``: planning reads files and must not stall the HTTP loop).
-While this node is the confirmed leader it loops: it plans a dequeue batch from the cursor
+A loop of the node's leader runtime (:class:`chronomq.raftlog.leaderloop.SteppedLoop`), its
+steps on a thread of their own (``leader-work-timer``: planning reads files and must not stall
+the HTTP loop or the schedule's levels). While this node is the confirmed leader it loops: it plans a dequeue batch from the cursor
 (the last one proposed, or the committed one) with the leader's clock,
 :meth:`~chronomq.timer.dequeue.DequeuePlanner.plan`, and proposes ``{"enq", "span"}``: enqueue
 what the timer topic holds, then deliver the span. Up to ``max_inflight`` commands are in
@@ -28,7 +29,7 @@ current by applying the same commands, so taking over is planning from the commi
 once; :attr:`TimerDriver.takeover` says how long the first command took.
 
 Observer: ``on_delivered(items, delivered_ms)`` is called **on the node that leads when the
-delivery is applied**, from the driver thread, shortly after the apply (never on the Raft
+delivery is applied**, from the driver's thread, shortly after the apply (never on the Raft
 thread); ``items`` are ``(msg_id_hex, real_topic, store_ms_of_timer_message, due_ms)`` and
 ``delivered_ms`` is the store time of the delivered copies. If the observer falls behind by
 more than :data:`chronomq.timer.machine.OBSERVED_ITEMS` messages, the oldest notices are dropped
@@ -46,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chronomq.raftlog.errors import RaftLogError
-from chronomq.raftlog.leaderloop import SteppedWork, Wake, run_turns
+from chronomq.raftlog.leaderloop import LoopSpec, SteppedLoop, SteppedWork, Wake
 from chronomq.raftlog.leadership import TermToken
 from chronomq.raftlog.node import RaftLog
 from chronomq.raftlog.store import ApplyResult
@@ -87,7 +88,7 @@ class _InFlight:
 
 
 class TimerDriver:
-    """The timer's driver thread on the leader, and the figures of its work."""
+    """The timer's driver on the leader, and the figures of its work."""
 
     def __init__(
         self,
@@ -118,8 +119,9 @@ class TimerDriver:
         self.stop_dequeue_default = config.timer_stop_dequeue
         self._wake = Wake()
         self._stop = stop
-        self._thread: threading.Thread | None = None
-        #: The driver as leader-only work: takes it through terms (``begin``/``end``).
+        #: The driver as a loop of the leader runtime.
+        self.loop = SteppedLoop(DRIVER_WORK, DRIVER_LOOP, self, self._wake, "timer driver")
+        #: The driver as leader-only work turned by hand (tests with a fake clock).
         self.work = SteppedWork(DRIVER_WORK, DRIVER_LOOP, self, self._wake)
         # Driver state (driver thread only).
         self._token: TermToken | None = None
@@ -151,18 +153,13 @@ class TimerDriver:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def piece(self) -> SteppedWork:
-        """The driver as leader-only work, for the leadership owner."""
-        return self.work
+    def spec(self) -> LoopSpec:
+        """The driver as a loop of the leader runtime."""
+        return self.loop.spec()
 
     def wake(self) -> None:
         """Cut the driver's sleep short (any thread)."""
         self._wake.set()
-
-    def start(self) -> None:
-        """Start the driver thread."""
-        self._thread = threading.Thread(target=self._run, name="timer-driver", daemon=True)
-        self._thread.start()
 
     def step(self) -> float:
         """One step of the driver for the term it works for; how long it may sleep."""
@@ -170,26 +167,23 @@ class TimerDriver:
         return self._step()
 
     def turn(self) -> float:
-        """Take up (or leave) the term the owner handed over, then :meth:`step`: what the
-        driver thread loops on; tests call it with a fake clock."""
+        """Take up (or leave) the term the owner handed over, then :meth:`step`: the driver
+        turned by hand (:attr:`work`); tests call it with a fake clock."""
         return self.work.turn()
 
     def close(self) -> None:
-        """Stop the driver thread and leave the term it works for."""
+        """Propose nothing more; leave the term the driver works for by hand (the runtime ends
+        its own loop)."""
         self._stop.set()
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            if self._thread.is_alive():
-                return  # still stepping; it leaves its term when the step returns
         self.work.close()
 
     # ------------------------------------------------------------------ figures
 
     @property
     def active(self) -> bool:
-        """The driver thread runs and works for the current term."""
-        return self._current() and self._thread is not None
+        """The driver runs on the leader runtime and works for the current term."""
+        return self._current() and self.loop.running
 
     @property
     def inflight(self) -> int:
@@ -220,9 +214,6 @@ class TimerDriver:
             self._wake.set()
 
     # ------------------------------------------------------------------ driver
-
-    def _run(self) -> None:
-        run_turns(self.work, self._stop, "timer driver")
 
     def failed(self) -> None:
         """A step raised: plan again from the committed cursor."""
@@ -261,6 +252,7 @@ class TimerDriver:
         self._reset()
         self.leader_since_ms = None
         log.info("timer driver stopped: term %d ended", token.term)
+        self._notify_observer()  # what the term's last commands delivered
 
     def _current(self) -> bool:
         token = self._token
