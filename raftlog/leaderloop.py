@@ -82,15 +82,13 @@ class Steps:
 
 
 class Wake:
-    """A wake-up call that any thread may make (a commit, a switch): the driver's sleep ends,
-    on a turning thread (:meth:`wait`) or on the runtime's loop (:meth:`bind`)."""
+    """A wake-up call that any thread may make (a commit, a switch): the driver's sleep on the
+    runtime's loop ends (:meth:`bind`); nothing while no loop of the driver runs."""
 
     def __init__(self) -> None:
-        self._event = threading.Event()
         self._target: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
 
     def set(self) -> None:
-        self._event.set()
         target = self._target
         if target is not None:
             loop, event = target
@@ -103,11 +101,6 @@ class Wake:
 
     def unbind(self) -> None:
         self._target = None
-
-    def wait(self, timeout_s: float) -> None:
-        """Wait up to ``timeout_s`` for a wake-up, and consume it."""
-        self._event.wait(timeout_s)
-        self._event.clear()
 
 
 class SteppedWork:
