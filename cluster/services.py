@@ -2,8 +2,12 @@
 
 Each service follows the same life: built from the node's config, started after the Raft
 machine, closed before the Raft machine. Their leader-only work (the schedule level loops, the
-timer driver) registers with one :class:`chronomq.raftlog.leadership.Leadership` per node, fed by the
-log's confirmed leadership: it runs each term's work only once the last term's has exited. Their HTTP routes live in ``cluster/api_<service>.py``.
+timer driver, pop revive) is owned by one :class:`chronomq.raftlog.leadership.Leadership` per
+node, fed by the log's confirmed leadership: it runs each term's work only once the last
+term's has exited. They all run on the node's
+:class:`chronomq.raftlog.leaderloop.LeaderRuntime` (the ``leader-work`` thread), the only work
+registered with that owner. Their HTTP routes live in
+``cluster/api_<service>.py``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any, Protocol
 from chronomq.cluster.broker import Broker
 from chronomq.cluster.config import NodeConfig
 from chronomq.cluster.nodemetrics import KIND_LEVEL, KIND_TIMER
+from chronomq.raftlog.leaderloop import LeaderRuntime
 from chronomq.raftlog.leadership import Leadership
 from chronomq.raftlog.node import RaftLog
 
@@ -28,13 +33,17 @@ class Service(Protocol):
 def start_services(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> list[Service]:
     """Build and start every service; the caller closes them in reverse order."""
     leadership = Leadership(now_ms=raftlog.clock.monotonic_ms)
+    runtime = LeaderRuntime(leadership)
     broker.leadership = leadership
     services: list[Service] = []
     for build in (_schedule, _timer, _pop, _disk):
-        service = build(config, raftlog, broker)
+        service = build(config, raftlog, broker, runtime)
         if service is not None:
             service.start()
             services.append(service)
+    # Started last, with every loop added; closed first, stopping them all.
+    runtime.start()
+    services.append(runtime)
     raftlog.add_leader_listener(leadership.on_leader)
     term = raftlog.leader_term
     if term is not None:  # confirmed before we listened
@@ -47,7 +56,9 @@ def close_services(services: list[Service]) -> None:
         service.close()
 
 
-def _schedule(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | None:
+def _schedule(
+    config: NodeConfig, raftlog: RaftLog, broker: Broker, runtime: LeaderRuntime
+) -> Service | None:
     from chronomq.schedule.pending import PendingConfig
     from chronomq.schedule.service import ScheduleService
     from chronomq.schedule.settings import ScheduleSettings
@@ -72,13 +83,15 @@ def _schedule(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service |
         settings,
         on_delivered=delivered,
         on_event=getattr(logs, "event", None),
-        leadership=broker.leadership,
+        runtime=runtime,
     )
     broker.schedule = service
     return service
 
 
-def _timer(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | None:
+def _timer(
+    config: NodeConfig, raftlog: RaftLog, broker: Broker, runtime: LeaderRuntime
+) -> Service | None:
     """The RIP-43 timer (``timer/``): its apply extension on every node, its driver on the
     leader. Files live in ``<data_dir>/timer``; a bad ``timer_*`` value stops the node naming
     the key."""
@@ -118,14 +131,16 @@ def _timer(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | No
         open_url=broker.peer_client.urlopen,
         on_delivered=observer,
         commit_timeout_ms=config.commit_timeout_ms,
-        leadership=broker.leadership,
+        runtime=runtime,
     )
     broker.timer = service
     broker.timer_hook = service.produce_hook
     return service
 
 
-def _pop(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | None:
+def _pop(
+    config: NodeConfig, raftlog: RaftLog, broker: Broker, runtime: LeaderRuntime
+) -> Service | None:
     """RocketMQ 5 pop consumption (``cluster/pop``): its apply extension on every node, its
     revive driver on the leader. Receipt handles are signed with the cluster secret."""
     from chronomq.cluster.pop.service import PopService
@@ -135,13 +150,15 @@ def _pop(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | None
         config.cluster_secret_bytes or b"chronomq/no-cluster-secret",
         max_reconsume_times=config.max_reconsume_times,
         commit_timeout_ms=config.commit_timeout_ms,
-        leadership=broker.leadership,
+        runtime=runtime,
     )
     broker.pop = service
     return service
 
 
-def _disk(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | None:
+def _disk(
+    config: NodeConfig, raftlog: RaftLog, broker: Broker, runtime: LeaderRuntime
+) -> Service | None:
     """CommitLog retention and the produce guard (``cluster/disk.py``), on every node."""
     from chronomq.cluster.disk import DiskService
 

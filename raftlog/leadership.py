@@ -2,10 +2,11 @@
 the next one starts.
 
 :class:`chronomq.raftlog.node.RaftLog` reports leadership as ``listener(is_leader, term)`` (confirmed
-by a barrier committed in ``term``; lost on a term change or a lapsed lease). The services that
-run only on the leader (the schedule service's level loops, the timer's dequeue/enqueue driver,
-and, once it exists, pop revive) register with one :class:`Leadership` as :class:`Work`
-instead of listening themselves. The owner then keeps one rule:
+by a barrier committed in ``term``; lost on a term change or a lapsed lease). The work that
+runs only on the leader (the schedule service's level loops, the timer's dequeue/enqueue driver,
+pop revive) runs on the node's :class:`chronomq.raftlog.leaderloop.LeaderRuntime`, the one
+:class:`Work` registered with its :class:`Leadership`, instead of listening itself. The owner
+then keeps one rule:
 
     the work of term ``T`` starts only after every piece of the work of the term before it has
     reported that it exited.
@@ -24,10 +25,10 @@ same name while one runs, whatever its term. A piece that has not exited within
 :meth:`Leadership.stats`), and the next term still waits for it: two sets of loops never run.
 
 A piece plugs in with three calls: ``start(token)`` (non-blocking: hand the token to the
-piece's own thread or loop), ``wake()`` (non-blocking: the token just went stale, look at it
-now) and, from the piece, :meth:`TermToken.exited` once all its loops returned. Pop revive
-will be one more :class:`Work` registered next to the timer driver, checking the same token
-before each revive command.
+piece's own loop), ``wake()`` (non-blocking: the token just went stale, look at it now) and,
+from the piece, :meth:`TermToken.exited` once all its loops returned. The runtime is such a
+piece; so is a stepped driver turned by hand in a test
+(:class:`chronomq.raftlog.leaderloop.SteppedWork`).
 
 The owner does no I/O and reads no clock of its own: ``now_ms`` is the caller's (the node's
 clock) and the stop bound is checked by a timer the caller provides (a thread timer by
@@ -159,30 +160,6 @@ class TermToken:
 
 
 CallLater = Callable[[float, Callable[[], None]], None]
-
-
-def drive(
-    stop: threading.Event,
-    wake: threading.Event,
-    step: Callable[[], float],
-    failed: Callable[[], None],
-    what: str,
-) -> None:
-    """A leader-work driver thread's loop: ``step()`` returns how long it may sleep (``wake``
-    cuts it short) until ``stop`` is set; a step that raises is logged, ``failed()`` resets
-    what the driver had in flight, and it retries after 0.2 s."""
-    timeout = 0.0
-    while not stop.is_set():
-        wake.wait(timeout)
-        wake.clear()
-        if stop.is_set():
-            return
-        try:
-            timeout = step()
-        except Exception:
-            log.exception("%s step failed; retrying", what)
-            failed()
-            timeout = 0.2
 
 
 def _thread_timer(delay_s: float, fn: Callable[[], None]) -> None:

@@ -5,6 +5,7 @@ Cores without I/O: :mod:`~chronomq.schedule.levels` (the delay-level table),
 pending queue), :mod:`~chronomq.schedule.rewrite` and :mod:`~chronomq.schedule.retry`.
 Replicated state: :mod:`~chronomq.schedule.state`. Driving them against the log:
 :mod:`~chronomq.schedule.delivery` (what both modes share), :mod:`~chronomq.schedule.sync_delivery`,
-:mod:`~chronomq.schedule.async_delivery`, and :mod:`~chronomq.schedule.service` (a loop per
-level, on the leader only).
+:mod:`~chronomq.schedule.async_delivery`, :mod:`~chronomq.schedule.level_loop` (a loop per
+level, on the leader only, on the node's leader runtime) and :mod:`~chronomq.schedule.service`
+(registration, controls and figures).
 """

@@ -5,20 +5,19 @@ and report what went through.
 :class:`LevelContext` is bound to the log, the settings and the observer; the sync mode
 (:mod:`chronomq.schedule.sync_delivery`) and the async mode
 (:mod:`chronomq.schedule.async_delivery`) drive it for one :class:`LevelState` at a time, and
-the service (:mod:`chronomq.schedule.service`) runs them per level for the term it owns.
+the level loop (:mod:`chronomq.schedule.level_loop`) runs them per level for the term it owns.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Final
 
-from chronomq.raftlog import record
+from chronomq.raftlog import leaderloop, record
 from chronomq.raftlog.errors import StoreCorruption
 from chronomq.raftlog.leadership import TermToken
 from chronomq.raftlog.node import NewMessage, RaftLog
@@ -37,7 +36,7 @@ log = logging.getLogger("chronomq.schedule.service")
 DeliveredItem = tuple[str, str, int, int]
 """(msg_id hex, real topic, store_ms of the waiting copy, due_ms)."""
 OnDelivered = Callable[[int, list[DeliveredItem], int], None]
-"""``on_delivered(level, items, delivered_ms)``, called on the service thread after commit."""
+"""``on_delivered(level, items, delivered_ms)``, called on the ``leader-work`` thread after commit."""
 
 
 class MissingMessage(Exception):
@@ -136,13 +135,8 @@ class LevelContext:
     # ------------------------------------------------------------------ waiting
 
     async def sleep(self, st: LevelState, seconds: float) -> None:
-        """Wait ``seconds`` or until the level is woken. ``asyncio.timeout`` (not
-        ``wait_for``): a cancel arriving with the timeout is never swallowed."""
-        if seconds > 0 and not st.wake.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(seconds):
-                    await st.wake.wait()
-        st.wake.clear()
+        """Wait ``seconds`` or until the level is woken (:func:`leaderloop.sleep`)."""
+        await leaderloop.sleep(st.wake, seconds)
 
     def wait_s(self, next_due_ms: int | None, stop: StopReason) -> float:
         poll = self.settings.poll_ms / 1000
@@ -231,11 +225,9 @@ class LevelContext:
     # ------------------------------------------------------------------ committing
 
     async def commit(self, fut: Future[BatchOutcome]) -> BatchOutcome:
-        """Wait for a command the Raft thread completes. Not ``asyncio.wait_for``: in 3.11 it
-        returns the result of a future that completes as the waiter is cancelled, swallowing
-        the cancel; the shield keeps a cancel from cancelling the committer's future."""
-        async with asyncio.timeout(self.settings.commit_wait_s):
-            return await asyncio.shield(asyncio.wrap_future(fut))
+        """Wait for a command the Raft thread completes, up to ``commit_wait_s``
+        (:func:`leaderloop.commit`: a cancel is never swallowed, nor passed to the committer)."""
+        return await leaderloop.commit(fut, self.settings.commit_wait_s)
 
     def propose(
         self, st: LevelState, deliveries: Sequence[Delivery], store_ms: int

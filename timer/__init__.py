@@ -35,7 +35,8 @@ The driver, following those rules:
 - :mod:`chronomq.timer.files`: the local TimerLog/wheel/checkpoint and their realignment to that state
   after a restart or a snapshot install.
 - :mod:`chronomq.timer.message`: the timer topic's properties, timer message ids, derived records.
-- :mod:`chronomq.timer.driver`: the leader's driver thread (dequeue and enqueue commands).
+- :mod:`chronomq.timer.driver`: the leader's driver (dequeue and enqueue commands), a loop of
+  the node's leader runtime.
 - :mod:`chronomq.timer.produce`: the produce rewrite into the timer topic, with flow control.
 - :mod:`chronomq.timer.service`: the node's timer put together; cancel and switches.
 """

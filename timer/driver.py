@@ -1,7 +1,8 @@
 """The timer's leader-only driver: when to propose which enqueue and dequeue commands.
 
-A plain thread (``timer-driver``: planning reads files and must not stall the HTTP loop).
-While this node is the confirmed leader it loops: it plans a dequeue batch from the cursor
+A loop of the node's leader runtime (:class:`chronomq.raftlog.leaderloop.SteppedLoop`), its
+steps on a thread of their own (``leader-work-timer``: planning reads files and must not stall
+the HTTP loop or the schedule's levels). While this node is the confirmed leader it loops: it plans a dequeue batch from the cursor
 (the last one proposed, or the committed one) with the leader's clock,
 :meth:`~chronomq.timer.dequeue.DequeuePlanner.plan`, and proposes ``{"enq", "span"}``: enqueue
 what the timer topic holds, then deliver the span. Up to ``max_inflight`` commands are in
@@ -18,16 +19,17 @@ idle cluster does not commit ten commands a second.
 :class:`chronomq.raftlog.leadership.Leadership`, which the log feeds with confirmed terms (a
 barrier committed in the term, so every earlier timer command is applied here and the
 committed cursor is current). The owner hands the driver a
-:class:`~chronomq.raftlog.leadership.TermToken` for a term; the driver thread takes it up at its
-next step and does leader work only while that token is current: every proposal checks it.
-When the term ends the driver, at its next step (the owner wakes it), drops its in-flight
-commands and cursors, counts its loop stopped and tells the owner, and only then may the next
-term's work start, which plans again from the committed cursor. A follower keeps its wheel
+:class:`~chronomq.raftlog.leadership.TermToken` for a term; the driver takes it up at its next
+turn (:class:`chronomq.raftlog.leaderloop.SteppedWork` calls :meth:`TimerDriver.begin`) and
+does leader work only while that token is current: every proposal checks it. When the term
+ends the driver, at its next turn (the owner wakes it), drops its in-flight commands and
+cursors (:meth:`TimerDriver.end`), counts its loop stopped and tells the owner, and only then
+may the next term's work start, which plans again from the committed cursor. A follower keeps its wheel
 current by applying the same commands, so taking over is planning from the committed cursor at
 once; :attr:`TimerDriver.takeover` says how long the first command took.
 
 Observer: ``on_delivered(items, delivered_ms)`` is called **on the node that leads when the
-delivery is applied**, from the driver thread, shortly after the apply (never on the Raft
+delivery is applied**, from the driver's thread, shortly after the apply (never on the Raft
 thread); ``items`` are ``(msg_id_hex, real_topic, store_ms_of_timer_message, due_ms)`` and
 ``delivered_ms`` is the store time of the delivered copies. If the observer falls behind by
 more than :data:`chronomq.timer.machine.OBSERVED_ITEMS` messages, the oldest notices are dropped
@@ -45,7 +47,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from chronomq.raftlog.errors import RaftLogError
-from chronomq.raftlog.leadership import Piece, TermToken, drive
+from chronomq.raftlog.leaderloop import LoopSpec, SteppedLoop, SteppedWork, Wake
+from chronomq.raftlog.leadership import TermToken
 from chronomq.raftlog.node import RaftLog
 from chronomq.raftlog.store import ApplyResult
 from chronomq.timer import message as tm
@@ -85,7 +88,7 @@ class _InFlight:
 
 
 class TimerDriver:
-    """The timer's driver thread on the leader, and the figures of its work."""
+    """The timer's driver on the leader, and the figures of its work."""
 
     def __init__(
         self,
@@ -114,12 +117,12 @@ class TimerDriver:
         # Node-level defaults of the runtime switches; the replicated ones win once set.
         self.stop_enqueue_default = config.timer_stop_enqueue
         self.stop_dequeue_default = config.timer_stop_dequeue
-        self._wake = threading.Event()
+        self._wake = Wake()
         self._stop = stop
-        self._thread: threading.Thread | None = None
-        self._token_lock = threading.Lock()
-        self._next_token: TermToken | None = None
-        """Handed over by the leadership owner, taken up by the driver at its next step."""
+        #: The driver as a loop of the leader runtime.
+        self.loop = SteppedLoop(DRIVER_WORK, DRIVER_LOOP, self, self._wake, "timer driver")
+        #: The driver as leader-only work turned by hand (tests with a fake clock).
+        self.work = SteppedWork(DRIVER_WORK, DRIVER_LOOP, self, self._wake)
         # Driver state (driver thread only).
         self._token: TermToken | None = None
         """The term the driver works for; None while it does no leader work."""
@@ -150,40 +153,37 @@ class TimerDriver:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def piece(self) -> Piece:
-        """The driver as leader-only work, for the leadership owner."""
-        return Piece(DRIVER_WORK, self._begin_term, self._wake.set)
+    def spec(self) -> LoopSpec:
+        """The driver as a loop of the leader runtime."""
+        return self.loop.spec()
 
     def wake(self) -> None:
         """Cut the driver's sleep short (any thread)."""
         self._wake.set()
 
-    def start(self) -> None:
-        """Start the driver thread."""
-        self._thread = threading.Thread(target=self._run, name="timer-driver", daemon=True)
-        self._thread.start()
-
     def step(self) -> float:
-        """One turn of the driver (what its thread loops on); tests call it with a fake clock."""
+        """One step of the driver for the term it works for; how long it may sleep."""
         self._notify_observer()
         return self._step()
 
+    def turn(self) -> float:
+        """Take up (or leave) the term the owner handed over, then :meth:`step`: the driver
+        turned by hand (:attr:`work`); tests call it with a fake clock."""
+        return self.work.turn()
+
     def close(self) -> None:
-        """Stop the driver thread and leave the term it works for."""
+        """Propose nothing more; leave the term the driver works for by hand (the runtime ends
+        its own loop)."""
         self._stop.set()
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            if self._thread.is_alive():
-                return  # still stepping; it leaves its term when the step returns
-        self._leave_term()
+        self.work.close()
 
     # ------------------------------------------------------------------ figures
 
     @property
     def active(self) -> bool:
-        """The driver thread runs and works for the current term."""
-        return self._current() and self._thread is not None
+        """The driver runs on the leader runtime and works for the current term."""
+        return self._current() and self.loop.running
 
     @property
     def inflight(self) -> int:
@@ -200,19 +200,6 @@ class TimerDriver:
 
     # ------------------------------------------------------------------ listeners
 
-    def _begin_term(self, token: TermToken) -> None:
-        """The leadership owner starts the driver's work for ``token.term`` (leadership thread);
-        the driver takes it up at its next step."""
-        if self._stop.is_set():
-            token.exited(DRIVER_WORK)
-            return
-        with self._token_lock:
-            stale, self._next_token = self._next_token, token
-        if stale is not None:  # never taken up: the owner ended it before the driver looked
-            stale.exited(DRIVER_WORK)
-        self._confirmed_at = self._mono()
-        self._wake.set()
-
     def on_apply(self, result: ApplyResult) -> None:
         # Raft thread: cheap. Wake the driver when the timer topic grew on the leader.
         if not result.messages or not self.raftlog.is_leader:
@@ -228,13 +215,8 @@ class TimerDriver:
 
     # ------------------------------------------------------------------ driver
 
-    def _run(self) -> None:
-        try:
-            drive(self._stop, self._wake, self.step, self._step_failed, "timer driver")
-        finally:
-            self._leave_term()
-
-    def _step_failed(self) -> None:
+    def failed(self) -> None:
+        """A step raised: plan again from the committed cursor."""
         self._resync = True
 
     def _notify_observer(self) -> None:
@@ -255,39 +237,22 @@ class TimerDriver:
         self.scan_cursor = None
         self._resync = False
 
-    def _take_term(self) -> TermToken | None:
-        """The token the driver works for now: leave an ended term (resetting the in-flight
-        state and telling the owner), then take up the one the owner handed over, if any."""
-        token = self._token
-        if token is not None and not token.is_current():
-            self._leave_term()
-        if self._token is None:
-            with self._token_lock:
-                token, self._next_token = self._next_token, None
-            if token is not None:
-                if not token.is_current() or self._stop.is_set():
-                    token.exited(DRIVER_WORK)
-                    return None
-                token.enter_loop(DRIVER_WORK, DRIVER_LOOP)
-                self._token = token
-                self._become_leader()
-        return self._token
+    def begin(self, token: TermToken) -> None:
+        """Work for ``token.term`` from now on: plan from the committed cursor."""
+        self._confirmed_at = self._mono()
+        self._token = token
+        self._become_leader()
 
-    def _leave_term(self) -> None:
+    def end(self) -> None:
         """Stop the leader work: drop what is in flight (the next term plans from the committed
-        cursor) and tell the owner."""
+        cursor)."""
         token, self._token = self._token, None
-        with self._token_lock:
-            pending, self._next_token = self._next_token, None
-        if pending is not None:
-            pending.exited(DRIVER_WORK)
         if token is None:
             return
         self._reset()
         self.leader_since_ms = None
         log.info("timer driver stopped: term %d ended", token.term)
-        token.exit_loop(DRIVER_LOOP)
-        token.exited(DRIVER_WORK)
+        self._notify_observer()  # what the term's last commands delivered
 
     def _current(self) -> bool:
         token = self._token
@@ -295,7 +260,7 @@ class TimerDriver:
 
     def _step(self) -> float:
         """One turn of the driver; returns how long it may sleep (a wake cuts it short)."""
-        if self._take_term() is None:
+        if self._token is None:
             return 0.5
         if not self.raftlog.is_leader:
             return 0.05  # the loss is on its way to the owner: propose nothing meanwhile

@@ -3,8 +3,9 @@
 The deterministic part lives in :mod:`chronomq.timer.machine` (the apply extension every
 replica runs); the rest is in modules of its own, and this one puts them together:
 
-* :mod:`chronomq.timer.driver`: the leader's dequeue/enqueue driver thread, leader-only work
-  owned by :class:`chronomq.raftlog.leadership.Leadership`;
+* :mod:`chronomq.timer.driver`: the leader's dequeue/enqueue driver, leader-only work owned by
+  :class:`chronomq.raftlog.leadership.Leadership`, a loop of the node's
+  :class:`chronomq.raftlog.leaderloop.LeaderRuntime`;
 * :mod:`chronomq.timer.produce`: the produce rewrite (:meth:`TimerService.produce_hook`, on the
   HTTP loop of the leader) with its deliver-time and congestion checks;
 * :mod:`chronomq.timer.peerlog`: the TimerLog served to peers and completed from them;
@@ -12,11 +13,10 @@ replica runs); the rest is in modules of its own, and this one puts them togethe
 
 **Cancel** and **switches** are one command each, answered from the apply outcome (here).
 
-Pop revive, once it exists, plugs in the same way as the driver: a second piece registered with
-the same owner (``leadership.register(Piece("pop-revive", start, wake))``), driven from the
-timer's apply of revive timers, proposing only while its token is current and calling
-``token.exited`` when its loop returns. Nothing in the replicated command says which term
-proposed it: the token only decides whether to propose.
+Pop revive plugs in the same way as the driver: a second stepped loop on the same runtime,
+driven from the timer's apply of revive timers, proposing only while its token is current.
+Nothing in the replicated command says which term proposed it: the token only decides whether
+to propose.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from chronomq.raftlog import record
+from chronomq.raftlog.leaderloop import LeaderRuntime
 from chronomq.raftlog.leadership import Leadership
 from chronomq.raftlog.node import RaftLog
 from chronomq.timer import message as tm
@@ -59,7 +60,7 @@ class TimerService:
         on_delivered: OnDelivered | None = None,
         commit_timeout_ms: int = 10_000,
         max_inflight: int = 4,
-        leadership: Leadership | None = None,
+        runtime: LeaderRuntime | None = None,
     ) -> None:
         self.raftlog = raftlog
         self.config = config
@@ -90,8 +91,9 @@ class TimerService:
         )
         #: The broker's ``timer_hook``: see :meth:`TimerProducer.produce_hook`.
         self.produce_hook = self.producer.produce_hook
-        self._own_leadership = leadership is None
-        self.leadership = leadership or Leadership(now_ms=raftlog.clock.monotonic_ms)
+        self._own_runtime = runtime is None
+        self.runtime = runtime or LeaderRuntime(Leadership(now_ms=raftlog.clock.monotonic_ms))
+        self.leadership = self.runtime.leadership
 
     @property
     def rejected(self) -> int:
@@ -100,28 +102,39 @@ class TimerService:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def register(self) -> None:
+    def _register(self) -> None:
         """Register the apply extension (aligning the files to the replicated state) and the
-        listeners. Timer commands the Raft thread met before this waited for it."""
+        apply listener. Timer commands the Raft thread met before this waited for it."""
         self.raftlog.register_extension(self.machine)
         self.raftlog.add_apply_listener(self.driver.on_apply)
-        self.leadership.register(self.driver.piece())
-        if self._own_leadership:
+
+    def register(self) -> None:
+        """:meth:`_register`, with the driver turned by hand (:meth:`step`, tests with a fake
+        clock) as the leadership owner's work."""
+        self._register()
+        self.leadership.register(self.driver.work)
+        if self._own_runtime:
             self.raftlog.add_leader_listener(self.leadership.on_leader)
 
     def start(self) -> None:
-        """:meth:`register`, then start the driver thread."""
-        self.register()
-        self.driver.start()
+        """:meth:`_register`, then run the driver on the leader runtime (the service's own,
+        started here and fed by the log's leadership, if it was given none)."""
+        self._register()
+        self.runtime.add(self.driver.spec())
+        if self._own_runtime:
+            self.runtime.start()
+            self.raftlog.add_leader_listener(self.leadership.on_leader)
 
     def step(self) -> float:
-        """One turn of the driver (what its thread loops on); tests call it with a fake clock."""
-        return self.driver.step()
+        """One turn of the driver turned by hand; tests call it with a fake clock."""
+        return self.driver.turn()
 
     def close(self) -> None:
         """Stop the driver. The files stay open until the log closes (the Raft thread may still
         apply timer commands until then); :meth:`chronomq.raftlog.store.Store.close` closes them."""
         self.driver.close()
+        if self._own_runtime:
+            self.runtime.close()
 
     # ------------------------------------------------------------------ cancel, switches
 

@@ -22,12 +22,13 @@ signing their handles.
   :data:`~chronomq.cluster.pop.state.MAX_ITEMS_PER_COMMAND` in one command.
 * :meth:`PopService.forward_to_dlq` -> :class:`ForwardResult`.
 
-Revive driver: leader-only work ``pop-revive`` registered with the node's
-:class:`chronomq.raftlog.leadership.Leadership`. While its term token is current it proposes one
+Revive driver: leader-only work ``pop-revive`` owned by the node's
+:class:`chronomq.raftlog.leadership.Leadership`, a loop of its
+:class:`chronomq.raftlog.leaderloop.LeaderRuntime`. While its term token is current it proposes one
 ``revive`` command at a time whenever the revive topic holds CKs beyond the committed
 ``pop/revive`` offset (the timer delivered them); it wakes when a commit grows that topic on the
-leader. :meth:`PopService.step` is one turn (tests call it with a fake clock); :meth:`start`
-runs it on a thread.
+leader. :meth:`PopService.step` is one turn by hand (tests call it with a fake clock);
+:meth:`start` runs it on the leader runtime.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ from chronomq.cluster.pop.state import (
 )
 from chronomq.raftlog import record
 from chronomq.raftlog.errors import RaftLogError
-from chronomq.raftlog.leadership import Leadership, Piece, TermToken, drive
+from chronomq.raftlog.leaderloop import LeaderRuntime, SteppedLoop, SteppedWork, Steps, Wake
+from chronomq.raftlog.leadership import Leadership, TermToken
 from chronomq.raftlog.node import RaftLog
 from chronomq.raftlog.store import ApplyResult
 
@@ -171,7 +173,7 @@ class PopService:
         *,
         max_reconsume_times: int = 16,
         commit_timeout_ms: int = 10_000,
-        leadership: Leadership | None = None,
+        runtime: LeaderRuntime | None = None,
     ) -> None:
         if not 0 <= max_reconsume_times <= MAX_RECONSUME_TIMES_CEILING:
             raise ValueError(f"max_reconsume_times must be 0..{MAX_RECONSUME_TIMES_CEILING}")
@@ -180,15 +182,19 @@ class PopService:
         self.max_reconsume_times = max_reconsume_times
         self.commit_timeout_ms = commit_timeout_ms
         self.machine = PopMachine()
-        self._own_leadership = leadership is None
-        self.leadership = leadership or Leadership(now_ms=raftlog.clock.monotonic_ms)
+        self._own_runtime = runtime is None
+        self.runtime = runtime or LeaderRuntime(Leadership(now_ms=raftlog.clock.monotonic_ms))
+        self.leadership = self.runtime.leadership
         self._rr: dict[tuple[str, str], itertools.count[int]] = {}
-        self._wake = threading.Event()
+        self._wake = Wake()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._token_lock = threading.Lock()
-        self._next_token: TermToken | None = None
         self._token: TermToken | None = None
+        steps = Steps(self._begin, self._step, self._failed, self._end)
+        self.loop = SteppedLoop(REVIVE_WORK, REVIVE_LOOP, steps, self._wake, "pop revive driver")
+        """The revive driver as a loop of the leader runtime."""
+        self.work = SteppedWork(REVIVE_WORK, REVIVE_LOOP, steps, self._wake)
+        """The revive driver as leader-only work turned by hand (tests with a fake clock)."""
         self._inflight: Future[ApplyResult] | None = None
         self._inflight_deadline_ms = 0.0
         self._seen_revive = 0
@@ -199,24 +205,32 @@ class PopService:
     # ------------------------------------------------------------------ lifecycle
 
     def register(self) -> None:
-        self.raftlog.register_extension(self.machine)
-        self.raftlog.add_apply_listener(self._on_apply)
-        self.leadership.register(Piece(REVIVE_WORK, self._begin_term, self._wake.set))
-        if self._own_leadership:
+        """The apply extension and listener, with the revive driver turned by hand
+        (:meth:`step`, tests with a fake clock)."""
+        self._register()
+        self.leadership.register(self.work)
+        if self._own_runtime:
             self.raftlog.add_leader_listener(self.leadership.on_leader)
 
+    def _register(self) -> None:
+        self.raftlog.register_extension(self.machine)
+        self.raftlog.add_apply_listener(self._on_apply)
+
     def start(self) -> None:
-        """:meth:`register`, then run the revive driver on a thread."""
-        self.register()
-        self._thread = threading.Thread(target=self._run, name="pop-revive", daemon=True)
-        self._thread.start()
+        """The apply extension and listener, and the revive driver on the leader runtime (the
+        service's own, started here and fed by the log's leadership, if it was given none)."""
+        self._register()
+        self.runtime.add(self.loop.spec())
+        if self._own_runtime:
+            self.runtime.start()
+            self.raftlog.add_leader_listener(self.leadership.on_leader)
 
     def close(self) -> None:
         self._stop.set()
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self._leave_term()
+        self.work.close()
+        if self._own_runtime:
+            self.runtime.close()
 
     def stats(self) -> dict[str, Any]:
         """This node's view: the revive topic read so far and behind, and what apply did."""
@@ -484,46 +498,19 @@ class PopService:
             self._seen_revive = end
             self._wake.set()
 
-    def _begin_term(self, token: TermToken) -> None:
-        if self._stop.is_set():
-            token.exited(REVIVE_WORK)
-            return
-        with self._token_lock:
-            stale, self._next_token = self._next_token, token
-        if stale is not None:
-            stale.exited(REVIVE_WORK)
-        self._wake.set()
+    def _begin(self, token: TermToken) -> None:
+        self._token = token
 
-    def _take_term(self) -> TermToken | None:
-        token = self._token
-        if token is not None and not token.is_current():
-            self._leave_term()
-        if self._token is None:
-            with self._token_lock:
-                token, self._next_token = self._next_token, None
-            if token is not None:
-                if not token.is_current() or self._stop.is_set():
-                    token.exited(REVIVE_WORK)
-                    return None
-                token.enter_loop(REVIVE_WORK, REVIVE_LOOP)
-                self._token = token
-        return self._token
-
-    def _leave_term(self) -> None:
-        token, self._token = self._token, None
-        with self._token_lock:
-            pending, self._next_token = self._next_token, None
-        if pending is not None:
-            pending.exited(REVIVE_WORK)
+    def _end(self) -> None:
+        self._token = None
         self._inflight = None
-        if token is None:
-            return
-        token.exit_loop(REVIVE_LOOP)
-        token.exited(REVIVE_WORK)
 
     def step(self) -> float:
         """One turn of the revive driver; how long it may sleep (a wake cuts it short)."""
-        token = self._take_term()
+        return self.work.turn()
+
+    def _step(self) -> float:
+        token = self._token
         if token is None or self._stop.is_set():
             return IDLE_S
         now = self.raftlog.clock.monotonic_ms()
@@ -557,11 +544,5 @@ class PopService:
         self.revive_commands += 1
         return 0.0
 
-    def _run(self) -> None:
-        try:
-            drive(self._stop, self._wake, self.step, self._step_failed, "pop revive driver")
-        finally:
-            self._leave_term()
-
-    def _step_failed(self) -> None:
+    def _failed(self) -> None:
         self._inflight = None

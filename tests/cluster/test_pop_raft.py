@@ -54,7 +54,7 @@ def trio(tmp_path: Path) -> Iterator[list[Node]]:
         for i, cfg in enumerate(trio_configs(tmp_path)):
             log = RaftLog(cfg, extensions=("timer", "pop"))
             timer = TimerService(log, timer_config(), tmp_path / f"n{i}" / "timer")
-            pop = PopService(log, SECRET, leadership=timer.leadership)
+            pop = PopService(log, SECRET, runtime=timer.runtime)
             timer.start()
             pop.start()
             nodes.append(Node(log, timer, pop))
@@ -142,7 +142,7 @@ def test_a_failover_keeps_invisible_messages_and_old_handles_ack(trio: list[Node
 def start_single(cfg: RaftConfig, root: Path) -> Node:
     log = RaftLog(cfg, extensions=("timer", "pop"))
     timer = TimerService(log, timer_config(), root / "timer")
-    pop = PopService(log, SECRET, leadership=timer.leadership)
+    pop = PopService(log, SECRET, runtime=timer.runtime)
     timer.start()
     pop.start()
     return Node(log, timer, pop)

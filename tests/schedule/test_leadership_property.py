@@ -24,6 +24,7 @@ from collections import Counter
 
 import pytest
 
+from chronomq.raftlog.leaderloop import LeaderRuntime
 from chronomq.raftlog.leadership import Leadership
 from chronomq.schedule.levels import DelayLevelTable
 from chronomq.schedule.pending import PendingConfig
@@ -47,12 +48,12 @@ LEVELS = "1s 2s 3s"
 
 
 def _level_tasks() -> list[asyncio.Task[object]]:
-    """Level loop tasks that have started (a suspended ``_run_level`` is inside its
+    """Level loop tasks that have started (a suspended ``LevelLoops._run_level`` is inside its
     ``token.loop`` block); one created and not yet stepped has done nothing."""
     return [
         t
         for t in asyncio.all_tasks()
-        if getattr(t.get_coro(), "__qualname__", "") == "ScheduleService._run_level"
+        if getattr(t.get_coro(), "__qualname__", "") == "LevelLoops._run_level"
         and inspect.getcoroutinestate(t.get_coro()) == inspect.CORO_SUSPENDED  # type: ignore[arg-type]
     ]
 
@@ -80,7 +81,8 @@ async def _run(seed: int) -> None:
         scan_max=rng.choice([8, 64]),
         commit_wait_s=2.0,
     )
-    service = ScheduleService(raft, settings, leadership=owner)  # type: ignore[arg-type]
+    runtime = LeaderRuntime(owner)
+    service = ScheduleService(raft, settings, runtime=runtime)  # type: ignore[arg-type]
 
     def check_proposal() -> str | None:
         token = owner._active
@@ -89,9 +91,10 @@ async def _run(seed: int) -> None:
         return None
 
     raft.check_proposal = check_proposal
-    serving = loop.create_task(service.serve())
-    await asyncio.sleep(0)
     service.attach()
+    serving = loop.create_task(runtime.serve())
+    await asyncio.sleep(0)
+    runtime.attach()
 
     ids = itertools.count(1)
     due: dict[str, int] = {}
@@ -177,6 +180,7 @@ async def _run(seed: int) -> None:
     check_loops()
     ticking.cancel()
     service.close()
+    runtime.close()
     await serving
 
     counts = Counter(d.msg_id for d in store.delivered)

@@ -9,6 +9,7 @@ import random
 import pytest
 
 from chronomq.raftlog.errors import ReplicationError
+from chronomq.raftlog.leaderloop import LeaderRuntime
 from chronomq.raftlog.leadership import Leadership
 from chronomq.schedule.levels import DelayLevelTable
 from chronomq.schedule.pending import PendingConfig
@@ -32,10 +33,12 @@ async def _run(caplog: pytest.LogCaptureFixture) -> None:
         pending=PendingConfig(max_resend_num_to_blocked=3, resend_backoff_step_ms=100),
         batch_max_messages=1,
     )
-    service = ScheduleService(raft, settings, leadership=owner)  # type: ignore[arg-type]
-    serving = loop.create_task(service.serve())
-    await asyncio.sleep(0)
+    runtime = LeaderRuntime(owner)
+    service = ScheduleService(raft, settings, runtime=runtime)  # type: ignore[arg-type]
     service.attach()
+    serving = loop.create_task(runtime.serve())
+    await asyncio.sleep(0)
+    runtime.attach()
     store.kv[MODE_KEY] = ASYNC
     for i in range(3):
         store.store_delayed(i.to_bytes(16, "big"), 1, 0, clock.now_ms())
@@ -77,6 +80,7 @@ async def _run(caplog: pytest.LogCaptureFixture) -> None:
     assert len({d.msg_id for d in store.delivered}) == len(store.delivered) == 3
     ticking.cancel()
     service.close()
+    runtime.close()
     await serving
 
 
