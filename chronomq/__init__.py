@@ -9,8 +9,12 @@ to the nodes' HTTP API: give them every node's URL.
     with chronomq.Producer(["http://127.0.0.1:8080", "http://127.0.0.1:8081"]) as producer:
         sent = producer.send("orders", "order 42 times out", delay_ms=30 * 60 * 1000)
         producer.cancel(sent.msg_id)        # paid after all
+
+``chronomq.aio.Client`` calls any route of the HTTP API, the admin ones included, one request
+per call.
 """
 
+from chronomq._latency import ConsumedLog
 from chronomq._model import CancelResult, MessageData, SendResult
 from chronomq._sync import Consumer, Message, Producer
 from chronomq.errors import (
@@ -25,6 +29,7 @@ __all__ = [
     "ApiError",
     "CancelResult",
     "ChronomqError",
+    "ConsumedLog",
     "Consumer",
     "Message",
     "MessageData",

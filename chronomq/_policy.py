@@ -80,4 +80,4 @@ class RequestPolicy:
         """The retry state of ``req`` started at ``now`` (monotonic seconds), which ends
         ``deadline_s`` later (the client's deadline when None)."""
         deadline = now + (self.deadline_s if deadline_s is None else deadline_s)
-        return Attempts(self.nodes, req.write, deadline)
+        return Attempts(self.nodes, req.write, deadline, pinned=req.node)

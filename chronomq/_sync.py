@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue as queue_mod
 import threading
 import time
@@ -18,6 +19,7 @@ from chronomq import _api
 from chronomq._batch import Batcher
 from chronomq._consume import ConsumerState, FetchStart, Pulled, QueueCursor, Start
 from chronomq._http_sync import SyncTransport
+from chronomq._latency import open_log
 from chronomq._model import CancelResult, MessageData, SendResult, message_fields, produce_message
 from chronomq._policy import RequestPolicy
 from chronomq.errors import ChronomqError, RequestError, ServerError, UnavailableError
@@ -222,6 +224,10 @@ class Consumer:
     one group would each read every queue. After a rewind of the log (every node lost power
     under ``flush = async``) a queue is read again from the first offset whose message changed
     (see :class:`chronomq._consume.QueueCursor`).
+
+    With ``latency_log_dir``, every message handed out is logged as consumed for
+    ``chronomq report`` (:class:`chronomq.ConsumedLog`, named ``latency_log_name``); close
+    drains that log.
     """
 
     def __init__(
@@ -237,6 +243,8 @@ class Consumer:
         fetch_wait_ms: int = 5000,
         refresh_interval_ms: int = 5000,
         max_buffered_pages: int = 16,
+        latency_log_dir: str | os.PathLike[str] | None = None,
+        latency_log_name: str | None = None,
         token: str | None = None,
         ca_file: str | None = None,
         deadline_s: float = 30.0,
@@ -252,6 +260,7 @@ class Consumer:
             )
         )
         self.group = group
+        self._latency = open_log(latency_log_dir, latency_log_name)
         self._state = ConsumerState(
             group,
             [topics] if isinstance(topics, str) else list(topics),
@@ -304,6 +313,8 @@ class Consumer:
             while self._page:
                 msg = self._page.pop(0)
                 if state.hand_out(msg, msg._epoch):
+                    if self._latency is not None:
+                        self._latency.handed_out(msg)
                     return msg
             cap = 0.5 if deadline is None else min(0.5, deadline - now)
             if cap <= 0:
@@ -333,6 +344,8 @@ class Consumer:
             self._t.close()  # cuts the long-polls short
             for th in self._threads:
                 th.join(timeout_s / max(1, len(self._threads)))
+            if self._latency is not None:
+                self._latency.close()
 
     # ------------------------------------------------------------------ internals
 

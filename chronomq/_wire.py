@@ -115,7 +115,9 @@ class Attempts:
     Retried: connection failures and timeouts, 429/502/503/504, and 410 from a node removed
     from the cluster (another node is asked). Every other error answer is final. After a
     ``Retry-After`` the next attempt waits at least that long; a wait that would pass the
-    deadline ends the request with the last error instead of retrying early.
+    deadline ends the request with the last error instead of retrying early. A request
+    ``pinned`` to one node (its own view: ``/v1/admin/node``, a pull from that node) goes
+    nowhere else.
     """
 
     def __init__(
@@ -124,16 +126,18 @@ class Attempts:
         write: bool,
         deadline: float,
         rng: Callable[[], float] = random.random,
+        pinned: str | None = None,
     ) -> None:
         self.nodes = nodes
         self.write = write
         self.deadline = deadline
+        self.pinned = pinned.rstrip("/") if pinned else None
         self.attempt = 0
         self._rng = rng
         self._last: ChronomqError | None = None
 
     def target(self) -> str:
-        return self.nodes.target(self.write)
+        return self.pinned or self.nodes.target(self.write)
 
     def answered(
         self, base: str, status: int, header: Callable[[str], str | None], raw: bytes, now: float

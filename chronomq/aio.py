@@ -7,6 +7,9 @@ classes: batches with a linger time, failover, ``Retry-After``, one task per que
     async with chronomq.aio.Consumer(urls, "billing", "orders") as consumer:
         async for msg in consumer:
             ...
+
+:class:`Client` is the request-level client: every route of the HTTP API (the admin ones too)
+as one awaited call, for tools and scripts.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,13 +25,15 @@ from typing import Any
 
 from chronomq import _api
 from chronomq._batch import Batcher
+from chronomq._client import Client
 from chronomq._consume import ConsumerState, FetchStart, Pulled, QueueCursor, Start
 from chronomq._http_aio import AioTransport
+from chronomq._latency import ConsumedLog, open_log
 from chronomq._model import CancelResult, MessageData, SendResult, message_fields, produce_message
 from chronomq._policy import RequestPolicy
 from chronomq.errors import ChronomqError, RequestError, ServerError, UnavailableError
 
-__all__ = ["Consumer", "Message", "Producer"]
+__all__ = ["Client", "ConsumedLog", "Consumer", "Message", "Producer"]
 
 log = logging.getLogger("chronomq")
 
@@ -217,6 +223,8 @@ class Consumer:
         fetch_wait_ms: int = 5000,
         refresh_interval_ms: int = 5000,
         max_buffered_pages: int = 16,
+        latency_log_dir: str | os.PathLike[str] | None = None,
+        latency_log_name: str | None = None,
         token: str | None = None,
         ca_file: str | None = None,
         deadline_s: float = 30.0,
@@ -232,6 +240,7 @@ class Consumer:
             )
         )
         self.group = group
+        self._latency = open_log(latency_log_dir, latency_log_name)
         self._state = ConsumerState(
             group,
             [topics] if isinstance(topics, str) else list(topics),
@@ -286,6 +295,8 @@ class Consumer:
             while self._page:
                 msg = self._page.pop(0)
                 if state.hand_out(msg, msg._epoch):
+                    if self._latency is not None:
+                        self._latency.handed_out(msg)
                     return msg
             cap = 0.5 if deadline is None else min(0.5, deadline - now)
             if cap <= 0:
@@ -315,6 +326,8 @@ class Consumer:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
             await self._t.close()
+            if self._latency is not None:
+                await asyncio.to_thread(self._latency.close)
 
     async def _refresh(self) -> None:
         """Look for queues to read (new topics, queues, the retry topic). When the cluster

@@ -1,1 +1,1 @@
-"""One broker node as a process: config, leadership, HTTP API, command line and client."""
+"""One broker node as a process: config, leadership, HTTP API and command line."""

@@ -157,10 +157,14 @@ def client_token() -> str | None:
 def _client_call(args: argparse.Namespace, fn: Any) -> Any:
     import asyncio
 
-    from chronomq.cluster.client import Client
+    from chronomq.aio import Client
 
     async def go() -> Any:
-        async with Client(args.url.split(","), token=client_token(), ca_file=args.ca_file) as c:
+        try:
+            client = Client(args.url, token=client_token(), ca_file=args.ca_file)
+        except ValueError as exc:  # not an http(s) URL
+            raise SystemExit(f"chronomq: {exc}") from None
+        async with client as c:
             return await fn(c)
 
     return asyncio.run(go())
@@ -237,7 +241,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
         args, lambda c: c.pull(args.topic, args.queue, args.offset, args.max, args.wait_ms)
     )
     if args.latency_log:
-        from chronomq.cluster.client import ConsumedLog
+        from chronomq import ConsumedLog
 
         consumed = ConsumedLog(args.latency_log)
         consumed.consumed(args.topic, data["messages"])
@@ -549,9 +553,12 @@ def main(
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a readable line, not a stack trace, for operators
-        from chronomq.cluster.client import ClientError
+        from chronomq.errors import ApiError, ChronomqError
 
-        if isinstance(exc, ClientError | ConnectionError | OSError | TimeoutError):
+        if isinstance(exc, ApiError):  # without the field, as the command always said it
+            print(f"chronomq: HTTP {exc.status} {exc.code}: {exc.message}", file=sys.stderr)
+            return 1
+        if isinstance(exc, ChronomqError | ConnectionError | OSError | TimeoutError):
             print(f"chronomq: {exc}", file=sys.stderr)
             return 1
         raise

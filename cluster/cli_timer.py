@@ -1,7 +1,7 @@
 """``chronomq timer ...``: cancel a timer message, show the timer, stop or start it.
 
 Registered by :func:`chronomq.cluster.cli.build_parser`; every command talks to the cluster through
-:class:`chronomq.cluster.client.Client` (writes find the leader).
+:class:`chronomq.aio.Client` (writes find the leader).
 """
 
 from __future__ import annotations

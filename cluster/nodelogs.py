@@ -16,7 +16,7 @@ reads it as one tree. What is written, by whom:
 - ``latency``: ``stored`` for each produced message, on the leader after the commit
   (:meth:`stored`, from ``Broker.produce``); ``delivered`` from the schedule and timer services
   (:meth:`delivered_level`, :meth:`delivered_timer`); ``consumed`` comes from the client
-  library (:class:`chronomq.cluster.client.Consumer`), and for RocketMQ 5 clients from the node that
+  library (``latency_log_dir`` of :class:`chronomq.Consumer`), and for RocketMQ 5 clients from the node that
   served their ``ReceiveMessage`` (:meth:`consumed`, first deliveries only).
 - ``events``: this node starting and stopping, leader changes as this node sees them, the
   services' start and stop (:meth:`event`), config changes at runtime, and the writer's own
@@ -47,6 +47,7 @@ from chronomq.cluster.logschema import (
     RecordType,
     ReplicationRecord,
     Stage,
+    consumed_line,
     encode,
     latency_line,
 )
@@ -272,12 +273,10 @@ class NodeLogs:
 
     def consumed(self, topic: str, messages: Sequence[Mapping[str, Any]], consumed_ms: int) -> None:
         """Messages this node handed to a consumer that cannot log them itself (the RocketMQ
-        5 clients over gRPC): ``consumed`` lines as :class:`chronomq.cluster.client.ConsumedLog` writes
+        5 clients over gRPC): ``consumed`` lines as :class:`chronomq.ConsumedLog` writes
         them, each a message as a pull answers it (event loop; O(1) here)."""
         if not self.writer.config.enabled or not messages:
             return
-        from chronomq.cluster.client import consumed_line
-
         node = self.node
 
         def render(m: Mapping[str, Any]) -> bytes:

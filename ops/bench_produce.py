@@ -104,7 +104,7 @@ async def _steady_inprocess(
 async def _produce_http(
     cluster: LocalCluster, total: int, producers: int, batch: int, body: str, topics: list[str]
 ) -> tuple[float, list[float]]:
-    from chronomq.cluster.client import Client
+    from chronomq.aio import Client
 
     lat: list[float] = []
     sent = 0

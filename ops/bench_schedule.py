@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chronomq.cluster.client import Client
+from chronomq.aio import Client
 from chronomq.cluster.launcher import LocalCluster, parse_sets
 from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
 from chronomq.ops.benchutil import non_negative, port_base, positive, print_figures, progress

@@ -128,7 +128,7 @@ async def _queues(client: Any) -> int:
 async def _precision(
     cluster: LocalCluster, leader: int, rate: int, duration_s: float, horizon_s: float
 ) -> dict[str, Any]:
-    from chronomq.cluster.client import Client
+    from chronomq.aio import Client
 
     rng = random.Random(1)
     follower = next((i for i in range(cluster.n) if i != leader), leader)
@@ -220,7 +220,7 @@ async def _delivered_count(client: Any, url: str) -> int:
 
 
 async def _burst(cluster: LocalCluster, leader: int, n: int, producers: int) -> dict[str, Any]:
-    from chronomq.cluster.client import Client
+    from chronomq.aio import Client
 
     url = cluster.http_url(leader)
     async with Client(

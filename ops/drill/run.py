@@ -33,9 +33,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chronomq.cluster.client import Client, ClientError
+from chronomq.aio import Client
 from chronomq.cluster.launcher import STOP_TIMEOUT_S, LocalCluster, parse_sets
 from chronomq.cluster.output import print_rows, write_json
+from chronomq.errors import RequestError
 from chronomq.ops.drill import faults as faultlib
 from chronomq.ops.drill import netns
 from chronomq.ops.drill.checker import SAFETY, check
@@ -88,7 +89,7 @@ async def _timers_supported(client: Client) -> bool:
         await client.produce(
             f"{TOPIC}-probe", [{"body": "probe", "deliver_at_ms": now_ms() + 60_000}]
         )
-    except ClientError as exc:
+    except RequestError as exc:
         if exc.status == 400:
             return False
         raise

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chronomq._consume import FetchStart, Pulled, QueueCursor
-from chronomq.cluster.client import Client, ClientError
-from chronomq.errors import ApiError
+from chronomq.aio import Client
+from chronomq.errors import ApiError, ChronomqError
 from chronomq.ops.drill.history import History, now_ms
 
 TOPIC = "drill"
@@ -73,11 +73,11 @@ class Workload:
                 self.client.produce(TOPIC, [{"body": token, **extra}], idempotency_key=token),
                 self.config.produce_deadline_s,
             )
-        except ClientError as exc:
+        except ApiError as exc:
             outcome = "fail" if exc.status < 500 else "unknown"
             self.history.add("produce", outcome, token=token, error=str(exc)[:200])
             return None
-        except (TimeoutError, ConnectionError, OSError) as exc:
+        except (ChronomqError, TimeoutError, ConnectionError, OSError) as exc:
             self.history.add("produce", "unknown", token=token, error=str(exc)[:200])
             return None
         r = answer["results"][0]
@@ -121,7 +121,7 @@ class Workload:
             result = await asyncio.wait_for(
                 self.client.cancel_timer(msg_id), self.config.produce_deadline_s
             )
-        except (ClientError, TimeoutError, ConnectionError, OSError) as exc:
+        except (ChronomqError, TimeoutError, ConnectionError, OSError) as exc:
             self.history.add("cancel", "unknown", token=token, error=str(exc)[:200])
             return
         status = result.get("status")
@@ -143,7 +143,7 @@ class Workload:
                     [{"body": t, "delay_level": level} for t in chunk],
                     idempotency_key=f"burst-{chunk[0]}",
                 )
-            except (ClientError, TimeoutError, ConnectionError, OSError) as exc:
+            except (ChronomqError, TimeoutError, ConnectionError, OSError) as exc:
                 for t in chunk:
                     self.history.add("produce", "unknown", token=t, error=str(exc)[:200])
                 continue
@@ -172,9 +172,9 @@ class Workload:
                 answer = await self.client.request(
                     req.method, req.target, url=urls[node], deadline_s=PULL_DEADLINE_S
                 )
-            except (ClientError, TimeoutError, ConnectionError, OSError) as exc:
-                if isinstance(exc, ClientError):
-                    got = cursor.refused(ApiError(exc.status, exc.body))
+            except (ChronomqError, TimeoutError, ConnectionError, OSError) as exc:
+                if isinstance(exc, ApiError):
+                    got = cursor.refused(exc)
                     if got is not None:  # 409 offset_diverged: the search starts
                         self._rewound(got)
                         continue
@@ -252,7 +252,7 @@ class Workload:
                 path = f"/v1/topics/{TOPIC}/queues/{q}/messages?offset={offset}&max=500"
                 try:
                     page = await self.client.request("GET", path, deadline_s=5)
-                except (ClientError, TimeoutError, ConnectionError, OSError):
+                except (ChronomqError, TimeoutError, ConnectionError, OSError):
                     await asyncio.sleep(0.2)
                     continue
                 tokens.extend(m.get("body") for m in page["messages"])

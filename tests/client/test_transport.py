@@ -22,7 +22,7 @@ from chronomq._http_sync import SyncTransport
 from chronomq._model import MessageData
 from chronomq._policy import RequestPolicy
 from chronomq._wire import Attempts, Nodes, Wait, path, query, retry_after_s
-from chronomq.cluster.client import Client
+from chronomq.aio import Client
 
 MakeServer = Callable[..., Awaitable[Any]]
 STORED = {"results": [{"msg_id": "AB", "topic": "t", "queue": 0, "offset": 7}], "duplicate": False}
@@ -67,9 +67,9 @@ async def test_every_client_sends_the_retry_topic_of_group_default_as_is(
     await aio.call(_api.pull(topic, 0, 0, 1, 0))
     await aio.call(_api.group_offsets("default", topic))
     await aio.close()
-    async with Client([url]) as old:
-        await old.pull(topic, 0, 0)
-        await old.offsets("default", topic)
+    async with Client([url]) as client:
+        await client.pull(topic, 0, 0)
+        await client.offsets("default", topic)
     assert [p[0] for p in paths] == [topic] * 3
     assert all(p[1].startswith("/v1/topics/%25RETRY%25default/queues/0/") for p in paths)
     assert queries == [topic] * 3

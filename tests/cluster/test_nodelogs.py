@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster.client import ConsumedLog, Consumer, consumed_line
+from chronomq import ConsumedLog
 from chronomq.cluster.config import load
 from chronomq.cluster.logschema import (
     EventRecord,
@@ -18,6 +18,7 @@ from chronomq.cluster.logschema import (
     RecordType,
     ReplicationRecord,
     Stage,
+    consumed_line,
     decode,
 )
 from chronomq.cluster.logwriter import keep_sample
@@ -222,33 +223,6 @@ def test_consumed_lines_say_what_the_client_knows() -> None:
             "C" * 32, "orders", timer_kind, consumed, "c0", due_ms=T0 + 5, consumed_ms=T0 + 20
         ),
     ]
-
-
-async def test_consumer_logs_every_polled_message(tmp_path: Path) -> None:
-    page = [{"msg_id": f"{i:032X}", "store_ms": T0 + i, "properties": {}} for i in range(3)]
-
-    class StubClient:
-        async def offsets(self, group: str, topic: str) -> list[dict[str, Any]]:
-            return []
-
-        async def pull(self, topic: str, queue: int, offset: int, *args: Any) -> dict[str, Any]:
-            return {"messages": page[offset:], "next_offset": len(page)}
-
-    async with Consumer(
-        StubClient(),  # type: ignore[arg-type]
-        "g",
-        "orders",
-        0,
-        latency_log_dir=tmp_path,
-        latency_log_name="c1",
-    ) as consumer:
-        assert await consumer.poll() == page
-        assert await consumer.poll() == []
-    got = read(tmp_path / "c1", RecordType.LATENCY)
-    assert [(r.msg_id, r.stage, r.store_ms) for r in got] == [
-        (m["msg_id"], Stage.CONSUMED, m["store_ms"]) for m in page
-    ]
-    assert len({r.consumed_ms for r in got}) == 1 and got[0].consumed_ms >= T0
 
 
 def test_metrics_show_what_the_writer_did(tmp_path: Path, raft: FakeRaftLog) -> None:

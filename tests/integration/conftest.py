@@ -213,11 +213,11 @@ async def pull_applied(
     """The messages a pull returns, or none while the node asked (any node: a follower) has
     not applied the topic's creation yet (404 ``unknown_topic``): for ``wait_for`` loops that
     read right after a write created the topic."""
-    from chronomq.cluster.client import ClientError
+    from chronomq.errors import ApiError
 
     try:
         page = await client.pull(topic, queue, offset, max_messages, **kw)
-    except ClientError as exc:
+    except ApiError as exc:
         if exc.status == 404:
             return []
         raise

@@ -13,8 +13,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from chronomq.cluster.client import Client, ClientError
+from chronomq.aio import Client
 from chronomq.cluster.launcher import LocalCluster
+from chronomq.errors import ApiError
 from tests.integration.conftest import pull_applied, wait_for
 
 pytestmark = pytest.mark.integration
@@ -48,7 +49,7 @@ def test_a_delayed_message_to_a_missing_topic_gets_404_without_auto_create(
     async def go() -> None:
         async with Client(cluster.urls) as client:
             for fields in ({"delay_level": 1}, {"delay_ms": 500}, {"deliver_at_ms": 1}, {}):
-                with pytest.raises(ClientError) as err:
+                with pytest.raises(ApiError) as err:
                     await client.send("nosuch", "x", **fields)
                 assert err.value.status == 404, fields
                 assert err.value.body["field"] == "topic"

@@ -11,8 +11,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from chronomq.cluster.client import Client, ClientError
+import chronomq.aio
+from chronomq.aio import Client
 from chronomq.cluster.launcher import LocalCluster
+from chronomq.errors import ApiError
 from tests.integration.conftest import dump_logs, wait_for
 
 pytestmark = pytest.mark.integration
@@ -163,28 +165,32 @@ def test_every_admin_endpoint_answers(make_cluster: Any) -> None:
 
 
 def test_batching_producer_and_consumer_resume_from_committed_offset(make_cluster: Any) -> None:
-    from chronomq.cluster.client import BatchingProducer, Consumer
-
     cluster = make_cluster(3)
     cluster.wait_leader(60)
 
     async def go() -> None:
         async with Client(cluster.urls) as client:
             await client.create_topic("feed", 1)
-            producer = BatchingProducer(client, "feed", max_batch=100, linger_ms=5)
-            results = await asyncio.gather(*(producer.send({"body": f"e{i}"}) for i in range(250)))
-            await producer.flush()
-            assert sorted(r["offset"] for r in results) == list(range(250))
-            first = Consumer(client, "readers", "feed", 0)
-            got: list[str] = []
+        async with chronomq.aio.Producer(cluster.urls, max_batch=100, linger_ms=5) as producer:
+            results = await asyncio.gather(*(producer.send("feed", f"e{i}") for i in range(250)))
+        assert sorted(r.offset for r in results) == list(range(250))
+        got: list[str] = []
+        first = chronomq.aio.Consumer(cluster.urls, "readers", "feed", auto_commit=False)
+        async with first:
             while len(got) < 120:
-                got += [m["body"] for m in await first.poll(max_messages=40, wait_ms=1000)]
+                msg = await first.poll(5)
+                assert msg is not None
+                got.append(msg.text)
             await first.commit()
-            second = Consumer(client, "readers", "feed", 0)
-            rest = await second.poll(max_messages=1000, wait_ms=1000)
-            # Two batches may be in flight at once, so order across batches is not fixed.
-            assert [m["offset"] for m in rest] == list(range(len(got), 250))
-            assert sorted(got + [m["body"] for m in rest]) == sorted(f"e{i}" for i in range(250))
+        rest: list[chronomq.aio.Message] = []
+        async with chronomq.aio.Consumer(cluster.urls, "readers", "feed") as second:
+            while len(got) + len(rest) < 250:
+                msg = await second.poll(5)
+                assert msg is not None
+                rest.append(msg)
+        # Two batches may be in flight at once, so order across batches is not fixed.
+        assert [m.offset for m in rest] == list(range(len(got), 250))
+        assert sorted(got + [m.text for m in rest]) == sorted(f"e{i}" for i in range(250))
 
     asyncio.run(go())
 
@@ -205,7 +211,7 @@ def test_every_delay_level_is_accepted_and_real_queues_are_checked(make_cluster:
                 assert r.get("clamped", False) == (level > 18)
             schedule = await client.topic("SCHEDULE_TOPIC_XXXX")
             assert len(schedule["queues"]) == 18
-            with pytest.raises(ClientError) as err:
+            with pytest.raises(ApiError) as err:
                 await client.produce("delayed", [{"body": "x", "delay_level": 2, "queue": 7}])
             assert err.value.status == 400 and err.value.body["field"] == "messages[0].queue"
 
@@ -230,7 +236,7 @@ def test_leadership_transfer_moves_the_leader(make_cluster: Any) -> None:
                         url=cluster.http_url(leader),
                     )
                     break
-                except ClientError as exc:  # 409 while the target catches up
+                except ApiError as exc:  # 409 while the target catches up
                     assert exc.status == 409 and time.monotonic() < deadline
                     await asyncio.sleep(0.1)
         assert await asyncio.to_thread(cluster.wait_leader, 30, [target]) == target

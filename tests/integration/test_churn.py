@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster.client import Client, ClientError
+from chronomq.aio import Client
+from chronomq.errors import ChronomqError
 from tests.integration.conftest import wait_for
 from tests.integration.test_schedule import QUEUES, TOPIC, Collector, check_history
 
@@ -33,7 +34,7 @@ async def leader_id(client: Client, urls: list[str]) -> int | None:
     for url in urls:
         try:
             view = await client.node(url)
-        except (ClientError, ConnectionError):
+        except ChronomqError:
             continue
         if view.get("role") == "leader":
             return int(view["id"])

@@ -15,8 +15,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from chronomq.cluster.client import Client, ClientError
+from chronomq.aio import Client
 from chronomq.cluster.launcher import LocalCluster
+from chronomq.errors import ApiError, ChronomqError
 from tests.integration.conftest import dump_logs, free_port_base, wait_for
 
 pytestmark = pytest.mark.integration
@@ -110,15 +111,15 @@ async def test_produce_answers_507_before_the_disk_fills_and_nothing_acknowledge
     cluster.wait_leader()
     body = "x" * 4000
     acked: set[str] = set()
-    refused: ClientError | None = None
+    refused: ApiError | None = None
     async with Client(cluster.urls, deadline_s=30) as client:
         deadline = time.monotonic() + 240
         while refused is None:
             assert time.monotonic() < deadline, "no 507 within 240 s\n" + dump_logs(cluster)
             try:
                 answer = await client.produce(TOPIC, [{"body": body} for _ in range(10)])
-            except (ClientError, ConnectionError) as exc:
-                if not isinstance(exc, ClientError) or exc.status != 507:
+            except ChronomqError as exc:
+                if not isinstance(exc, ApiError) or exc.status != 507:
                     raise AssertionError(f"{exc}\n{dump_logs(cluster)}") from exc
                 refused = exc
                 break

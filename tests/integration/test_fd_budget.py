@@ -14,8 +14,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from chronomq.aio import Client
 from chronomq.cluster import fdbudget
-from chronomq.cluster.client import Client
 from chronomq.cluster.launcher import LocalCluster
 from tests.integration.conftest import dump_logs, free_port_base
 

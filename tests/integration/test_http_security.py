@@ -23,9 +23,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from chronomq.cluster.client import Client
+from chronomq.aio import Client
 from chronomq.cluster.launcher import LocalCluster
 from chronomq.cluster.tls import client_context
+from chronomq.errors import UnavailableError
 from tests.integration.conftest import wait_for
 from tests.selfsigned import self_signed
 
@@ -176,7 +177,7 @@ def test_a_tls_cluster_forwards_over_https_and_refuses_plain_http(
             assert {n["http_url"] for n in view["nodes"]} == set(cluster.urls)
         # Without the certificate, a client does not trust the nodes.
         async with Client([consume_via], token=TOKEN, deadline_s=0.5) as untrusting:
-            with pytest.raises(ConnectionError, match="certificate"):
+            with pytest.raises(UnavailableError, match="certificate"):
                 await untrusting.topics()
 
     asyncio.run(go())

@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from chronomq.cluster.client import Client
+from chronomq.aio import Client
 from chronomq.cluster.launcher import LocalCluster
 
 from .conftest import dump_logs

@@ -9,7 +9,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from chronomq.cluster.client import Client, ClientError
+from chronomq.aio import Client
+from chronomq.errors import ApiError
 from tests.integration.conftest import dump_logs, wait_for
 
 pytestmark = pytest.mark.integration
@@ -199,7 +200,7 @@ def test_a_membership_change_after_leadership_transfers(make_joinable_cluster: A
                         await client.request(
                             "POST", "/v1/admin/leadership/transfer", json_body={}, deadline_s=10
                         )
-                    except ClientError as exc:
+                    except ApiError as exc:
                         assert exc.status == 409, exc  # not caught up at that instant
                         continue
 

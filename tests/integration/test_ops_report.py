@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster.client import Client, Consumer
+import chronomq.aio
+from chronomq.aio import Client
 from chronomq.cluster.launcher import LocalCluster
 from tests.integration.conftest import dump_logs
 from tests.ops.conftest import cli_report
@@ -112,13 +113,12 @@ def test_report_over_a_real_three_node_run(make_cluster: Any, tmp_path: Path) ->
             kinds.update(await produce_phase(client, 2))
             await wait_delivered(client, set(kinds), 30)
             await client.patch_config({"ops_log_sample_rate": 1.0})
-            for queue in range(QUEUES):
-                async with Consumer(
-                    client, "reporters", TOPIC, queue, latency_log_dir=ops_dir
-                ) as consumer:
-                    for _ in range(100):
-                        if not await consumer.poll(max_messages=64, wait_ms=0):
-                            break
+            async with chronomq.aio.Consumer(
+                cluster.urls, "reporters", TOPIC, max_messages=64, latency_log_dir=ops_dir
+            ) as consumer:
+                handed = 0
+                while handed < len(kinds) and await consumer.poll(10) is not None:
+                    handed += 1
 
     try:
         asyncio.run(run())

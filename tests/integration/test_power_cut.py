@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 import pytest
 
-from chronomq.cluster.client import Client
+from chronomq.aio import Client
 from chronomq.cluster.launcher import LocalCluster
 from chronomq.raftlog.journal import encode_record, read_file
 from chronomq.raftlog.store import Store

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from chronomq.cluster.client import Client
+from chronomq.aio import Client
 from chronomq.cluster.launcher import LocalCluster
 from tests.integration.conftest import dump_logs
 

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster.client import Client, ClientError
+from chronomq.aio import Client
 from chronomq.cluster.launcher import LocalCluster
+from chronomq.errors import ApiError
 from tests.integration.conftest import wait_for
 from tests.integration.rewind import SETTINGS, last_index, rewind_every_node
 from tests.integration.test_restart_all import kill_all_at_once
@@ -69,7 +70,7 @@ def test_a_pull_past_a_rewound_log_is_refused_naming_prev(make_cluster: Any) -> 
 
             await wait_for(follower_waits, 20, "the follower's long-poll", cluster)
             again = await _produce(client, "c", 40)  # offsets 30..69: 30..49 held `lost`
-            with pytest.raises(ClientError) as refused:
+            with pytest.raises(ApiError) as refused:
                 await waiting
             assert refused.value.status == 409, refused.value
             assert refused.value.body["error"] == "offset_diverged", refused.value.body
@@ -79,7 +80,7 @@ def test_a_pull_past_a_rewound_log_is_refused_naming_prev(make_cluster: Any) -> 
             # With prev it is told, by the leader and by a follower that holds offset 49.
             cluster.wait_converged(60)
             for url in (cluster.urls[leader], cluster.urls[follower]):
-                with pytest.raises(ClientError) as refused:
+                with pytest.raises(ApiError) as refused:
                     await _read(client, url, 50, prev=lost[-1])
                 err = refused.value
                 assert err.status == 409, err
@@ -91,11 +92,11 @@ def test_a_pull_past_a_rewound_log_is_refused_naming_prev(make_cluster: Any) -> 
             page = await _read(client, cluster.urls[follower], 30, prev=kept[-1].lower())
             assert [m["msg_id"] for m in page["messages"]] == again
             # Past the end: only the caught-up leader can tell the message is gone.
-            with pytest.raises(ClientError) as refused:
+            with pytest.raises(ApiError) as refused:
                 await _read(client, cluster.urls[leader], 90, prev=lost[0])
             assert refused.value.status == 409 and refused.value.body["max_offset"] == 70
             # A prev that is no msg_id: 400 naming it.
-            with pytest.raises(ClientError) as refused:
+            with pytest.raises(ApiError) as refused:
                 await _read(client, cluster.urls[leader], 1, prev="nope")
             assert refused.value.status == 400 and refused.value.body["field"] == "prev"
 

@@ -10,7 +10,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from chronomq.cluster.client import Client, ClientError
+from chronomq.aio import Client
+from chronomq.errors import ChronomqError
 from tests.integration.conftest import pull_applied, wait_for
 
 pytestmark = pytest.mark.integration
@@ -48,7 +49,7 @@ class Collector:
         for q in range(QUEUES):
             try:
                 page = await self.client.pull(TOPIC, q, self.offsets[q], 1000)
-            except (ClientError, ConnectionError):
+            except ChronomqError:
                 continue
             for m in page["messages"]:
                 self.copies.setdefault(m["msg_id"], []).append(m)

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster.client import Client
+from chronomq.aio import Client
 from chronomq.cluster.launcher import SECRET_FILE, LocalCluster
 from chronomq.raftlog import catchup
 from chronomq.raftlog import catchup_proto as proto

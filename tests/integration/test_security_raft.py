@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster.client import Client
+from chronomq.aio import Client
 from chronomq.cluster.launcher import SECRET_FILE, LocalCluster
 from chronomq.raftlog import wireproto
 from chronomq.raftlog.wireproto import Handshake, HandshakeRefused, Role, Session

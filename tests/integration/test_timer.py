@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from chronomq.cluster.client import Client
+from chronomq.aio import Client
 from chronomq.cluster.launcher import LocalCluster
 from chronomq.ops.stats import percentile
 from tests.integration.conftest import dump_logs, wait_for

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster.client import Client, ClientError
+from chronomq.aio import Client
 from chronomq.cluster.launcher import LocalCluster
+from chronomq.errors import ChronomqError
 from chronomq.timer.checkpoint import TIMERLOG_DIR
 from tests.integration.conftest import wait_for
 from tests.integration.test_restart_all import (
@@ -51,7 +52,7 @@ async def produce_timers(client: Client, ledger: Ledger, rng: random.Random, cou
             batch.append({"body": f"t-{k}", "delay_ms": delay})
         try:
             ledger.record(batch, await client.produce(TOPIC, batch))
-        except (ClientError, ConnectionError):
+        except ChronomqError:
             continue  # not acknowledged: not expected either
 
 
@@ -102,7 +103,7 @@ def test_timerlogs_lost_on_every_node_are_rebuilt_from_their_own_commitlogs(
                 async def ready(i: int = i) -> bool:
                     try:
                         status = await client.request("GET", "/readyz", url=cluster.urls[i])
-                    except (ClientError, ConnectionError):
+                    except ChronomqError:
                         return False
                     return bool(status.get("status") == "ready")
 

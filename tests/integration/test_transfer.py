@@ -7,9 +7,11 @@ import asyncio
 import time
 from typing import Any
 
+import aiohttp
 import pytest
 
-from chronomq.cluster.client import Client, ClientError
+from chronomq.aio import Client
+from chronomq.errors import ApiError, ChronomqError
 from tests.integration.conftest import dump_logs, wait_for
 
 pytestmark = pytest.mark.integration
@@ -21,7 +23,7 @@ PRODUCE_FOR_S = 60.0  # the producers stop by then whatever happens
 async def _leader_of(client: Client, url: str) -> int | None:
     try:
         view = await client.cluster(url=url)
-    except (ClientError, ConnectionError):
+    except ChronomqError:
         return None
     leader = view.get("leader")
     return leader if isinstance(leader, int) else None
@@ -130,7 +132,7 @@ def test_transfers_under_load_move_the_leadership_and_lose_no_write(make_cluster
                 assert not missing, (
                     f"{len(missing)} acknowledged messages missing in {topic}/{queue}"
                 )
-            metrics = await _metrics(client, cluster)
+            metrics = await _metrics(cluster)
             assert metrics.count('result="transferred"') >= 2, metrics
 
     try:
@@ -145,16 +147,20 @@ async def _is_leader_everywhere(client: Client, cluster: Any, target: int) -> bo
     return leaders == [target] * len(leaders)
 
 
-async def _metrics(client: Client, cluster: Any) -> str:
-    """The transfer counters of every node's /metrics, concatenated."""
-    assert client._session is not None
-    out = []
-    for url in cluster.urls:
-        async with client._session.get(f"{url}/metrics") as r:
-            text = await r.text()
-        out += [
-            ln for ln in text.splitlines() if ln.startswith("chronomq_leadership_transfers_total")
-        ]
+async def _metrics(cluster: Any) -> str:
+    """The transfer counters of every node's /metrics (text, not JSON), concatenated."""
+    token = cluster.auth_token
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    out: list[str] = []
+    async with aiohttp.ClientSession(headers=headers) as http:
+        for url in cluster.urls:
+            async with http.get(f"{url}/metrics") as r:
+                text = await r.text()
+            out += [
+                ln
+                for ln in text.splitlines()
+                if ln.startswith("chronomq_leadership_transfers_total")
+            ]
     return "\n".join(out)
 
 
@@ -176,13 +182,13 @@ def test_transfer_answers_name_what_is_wrong(make_cluster: Any) -> None:
                 ({"too": 1}, "too"),
                 ([1], "body"),
             ):
-                with pytest.raises(ClientError) as bad:
+                with pytest.raises(ApiError) as bad:
                     await client.request(
                         "POST", "/v1/admin/leadership/transfer", json_body=body, url=url, write=True
                     )
                 assert bad.value.status == 400, (body, bad.value.body)
                 assert bad.value.body["field"] == field, (body, bad.value.body)
-            with pytest.raises(ClientError) as unknown:
+            with pytest.raises(ApiError) as unknown:
                 await client.request(
                     "POST", "/v1/admin/leadership/transfer", json_body={"to": 7}, url=url
                 )
