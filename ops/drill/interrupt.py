@@ -11,11 +11,21 @@ removes the namespaces and mounts and exits at once. The exit status is 128 + th
 number: 130 for Ctrl-C, 143 for SIGTERM.
 
 The signals are taken back whatever the drill inherited (ignored, or blocked: see
-:func:`~chronomq.cluster.stopping.take_signals`).
+:func:`~chronomq.cluster.stopping.take_signals`), and a thread of the drill's own acts on them:
+every signal, whichever thread the kernel hands it to, writes its number to a pipe
+(``signal.set_wakeup_fd``) that this thread reads. A Python handler runs only on the main
+thread and only between its bytecodes, and a signal that the kernel hands to another thread
+does not wake a main thread asleep in a blocking call: a second Ctrl-C sent while the
+clean-up slept was seen only by the watchdog, 9 s later (under load). The reading thread
+counts the signals and exits at a second one whatever the main thread is doing; what must
+happen on the main thread (KeyboardInterrupt) is asked of it with ``_thread.interrupt_main``
+(as :data:`NUDGE`, so that the pipe's reader does not count it) and decided there, by the
+phase it is in when it sees it.
 """
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import os
 import signal
@@ -27,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from chronomq.cluster.launcher import LocalCluster
-from chronomq.cluster.stopping import take_signals
+from chronomq.cluster.stopping import SIGNALS, take_signals
 from chronomq.ops.drill import netns
 from chronomq.ops.drill.powercut import mount as powercut
 
@@ -53,6 +63,7 @@ HOLD_PHASE_ENV = "CHRONOMQ_DRILL_HOLD_PHASE"
 a Ctrl-C can be sent while it is in that phase. A Ctrl-C ends the wait, except in
 ``stopping`` (the clean-up), where only a second one or the watchdog ends the drill."""
 HOLD_PHASE_S = 60.0
+HOLD_SLICE_S = 0.05
 
 
 @dataclass
@@ -81,7 +92,11 @@ class DrillState:
 
     def enter_blocking(self, phase: str) -> None:
         if self._entered(phase):
-            time.sleep(HOLD_PHASE_S)
+            # In short sleeps: a KeyboardInterrupt asked of the main thread is raised between
+            # two of them (a signal taken by another thread does not cut a sleep short).
+            deadline = time.monotonic() + HOLD_PHASE_S
+            while time.monotonic() < deadline:
+                time.sleep(HOLD_SLICE_S)
 
     def interrupt(self, signum: int) -> None:
         if self.interrupted is None:
@@ -92,6 +107,11 @@ class DrillState:
 
 Mode = Literal["raise", "cancel", "note"]
 """What the first signal does: raise KeyboardInterrupt, cancel the loop's task, or note it."""
+
+
+NUDGE = signal.SIGUSR1
+"""The signal the reading thread raises on the main thread to have it act on the first stop
+signal there (see the module docstring)."""
 
 
 class Stopper:
@@ -108,14 +128,36 @@ class Stopper:
         self._signals = 0
         self._exiting = threading.Lock()
         self._previous: dict[int, Any] = {}
+        self._previous_wakeup = -1
+        self._pipe: tuple[int, int] | None = None
+        self._reader: threading.Thread | None = None
 
     def install(self) -> None:
-        self._previous = take_signals(self._handle)
+        """Take the signals (on the main thread, before anything is made that the clean-up
+        must remove): their numbers go to a pipe that a thread of its own reads."""
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        self._pipe = (read_fd, write_fd)
+        self._previous_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        self._previous = take_signals(self._on_signal)
+        self._previous[NUDGE] = signal.signal(NUDGE, self._on_nudge)
+        self._reader = threading.Thread(
+            target=self._read, args=(read_fd,), name="drill-signals", daemon=True
+        )
+        self._reader.start()
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+        signal.set_wakeup_fd(self._previous_wakeup)
+        if self._pipe is not None:
+            read_fd, write_fd = self._pipe
+            self._pipe = None
+            os.close(write_fd)  # the reader sees the end of the pipe
+            if self._reader is not None:
+                self._reader.join(timeout=1.0)
+            os.close(read_fd)
 
     def run_loop(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` to its end, or until the first Ctrl-C and its clean-up."""
@@ -144,17 +186,52 @@ class Stopper:
             # Also the default executor, without waiting for its threads.
             loop.close()
 
-    def _handle(self, signum: int, frame: Any) -> None:
+    @staticmethod
+    def _on_signal(signum: int, frame: Any) -> None:
+        """The Python handler of the stop signals: nothing to do (the reader acts); without
+        one a Ctrl-C would raise KeyboardInterrupt anywhere, and an ignored signal would not
+        reach the pipe."""
+
+    def _on_nudge(self, signum: int, frame: Any) -> None:
+        """On the main thread, asked by the reader: the first signal's effect here, by the
+        phase the drill is in now."""
+        if not self.state.interrupted:
+            return
+        if self.mode == "raise":
+            raise KeyboardInterrupt
+        if self.mode == "cancel" and self._task is not None:
+            self._task.cancel()
+
+    def _read(self, read_fd: int) -> None:
+        while True:
+            try:
+                data = os.read(read_fd, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum in SIGNALS:
+                    self._signal(signum)
+
+    def _signal(self, signum: int) -> None:
+        """A stop signal (on the reading thread): the first stops the drill, a second exits."""
         self._signals += 1
         if self._signals > 1:
             self.exit_now("interrupted again")
+            return
         self.state.interrupt(signum)
         progress(f"interrupted during {self.state.phase}: stopping (Ctrl-C again to exit at once)")
         threading.Thread(target=self._watchdog, name="drill-watchdog", daemon=True).start()
-        if self.mode == "cancel" and self._loop is not None and self._task is not None:
-            self._loop.call_soon_threadsafe(self._task.cancel)
-        elif self.mode == "raise":
-            raise KeyboardInterrupt
+        loop, task = self._loop, self._task
+        if self.mode == "cancel" and loop is not None and task is not None:
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+                return
+            except RuntimeError:  # the loop closed meanwhile: the main thread decides
+                pass
+        if self.mode != "note":
+            _thread.interrupt_main(NUDGE)
 
     def _watchdog(self) -> None:
         time.sleep(INTERRUPT_GRACE_S)
