@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from chronomq.cluster.client import Client
+from chronomq.aio import Client
 from chronomq.cluster.launcher import LocalCluster
 from chronomq.version import VERSION
 from tests.conftest import register_cluster
