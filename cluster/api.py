@@ -839,7 +839,7 @@ def create_app(broker: Broker) -> web.Application:
         metrics = app[METRICS]
         install_disk_metrics(metrics.registry, metrics.collectors, broker.disk)
     if broker.pop is not None:
-        from chronomq.cluster.pop.metrics import install_metrics as install_pop_metrics
+        from chronomq.pop import install_metrics as install_pop_metrics
 
         install_pop_metrics(app[METRICS].registry, app[METRICS].collectors, broker.pop)
     return app

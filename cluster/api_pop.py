@@ -3,7 +3,7 @@ leader-side calls the gRPC endpoint shares with it.
 
 Every route is a write (a hand-out or an ack is a Raft command): a follower forwards it to the
 leader, as produce does, and the gRPC endpoint of a follower forwards to these routes. On the
-leader each call is one command of :class:`chronomq.cluster.pop.service.PopService`; a receive long-polls
+leader each call is one command of :class:`chronomq.pop.service.PopService`; a receive long-polls
 (``wait_ms``): it waits for one of the topic's queues to grow or for a revived message, and
 answers ``{"messages": []}`` when the time is up.
 
@@ -26,13 +26,17 @@ from aiohttp import web
 
 from chronomq.cluster import models, reserved
 from chronomq.cluster.errors import ApiError, bad_request
-from chronomq.cluster.pop.handle import InvalidHandle
-from chronomq.cluster.pop.machine import topic_problem
-from chronomq.cluster.pop.service import AckResult, ChangeResult, ForwardResult, PopError, Popped
-from chronomq.cluster.pop.state import (
-    MAX_ITEMS_PER_COMMAND,
-)
 from chronomq.cluster.pull import message_json
+from chronomq.pop import (
+    MAX_ITEMS_PER_COMMAND,
+    AckResult,
+    ChangeResult,
+    ForwardResult,
+    InvalidHandle,
+    PopError,
+    Popped,
+    topic_problem,
+)
 from chronomq.raftlog.errors import NotLeader
 
 T = TypeVar("T")
@@ -401,7 +405,7 @@ def change_json(r: ChangeResult) -> dict[str, Any]:
 
 
 def _group(request: web.Request) -> str:
-    from chronomq.cluster.pop.machine import group_problem
+    from chronomq.pop import group_problem
 
     group = request.match_info["group"]
     problem = group_problem(group)

@@ -106,7 +106,7 @@ class Broker:
         # Leader-only services, set by cluster.services when they run on this node.
         self.schedule: Any = None
         self.timer: Any = None
-        # RocketMQ 5 pop consumption (cluster.pop.service.PopService), for the gRPC endpoint.
+        # RocketMQ 5 pop consumption (chronomq.pop.PopService), for the gRPC endpoint.
         self.pop: Any = None
         # The owner of their leader-only work (raftlog.leadership), set by cluster.services.
         self.leadership: Any = None

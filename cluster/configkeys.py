@@ -604,8 +604,8 @@ KEYS: tuple[Key, ...] = (
         "Invisible time of a gRPC receive with auto_renew (whatever invisible duration it "
         "names, as RocketMQ's proxy does), and what each renewal adds; a renewal happens "
         "when less than a third of it is left.",
-        min=1_000,  # chronomq.cluster.pop.state.MIN_INVISIBLE_MS
-        max=12 * 3_600_000,  # chronomq.cluster.pop.state.MAX_INVISIBLE_MS
+        min=1_000,  # chronomq.pop.state.MIN_INVISIBLE_MS
+        max=12 * 3_600_000,  # chronomq.pop.state.MAX_INVISIBLE_MS
     ),
     Key(
         "renew_max_time_ms",

@@ -17,7 +17,7 @@ What "still needed" means, lowest of:
 - the timer: the timer topic's unit at the replicated enqueue offset and the TimerLog records
   the replicated read cursor has not passed (:mod:`chronomq.timer.hold`);
 - pop consumption: the messages a group holds (in flight or revived) and the revive topic's
-  CKs not read yet (:mod:`chronomq.cluster.pop.hold`);
+  CKs not read yet (:mod:`chronomq.pop.hold`);
 - a restart: pysyncobj replays the journal from this node's last snapshot, and that replay
   reads what the state *then* needed. Each pass records ``(applied index, needed offset)``;
   a pass deletes only up to the offset recorded at or before the last snapshot's index
@@ -39,7 +39,7 @@ from typing import Any
 
 from chronomq.cluster.config import NodeConfig
 from chronomq.cluster.errors import ApiError
-from chronomq.cluster.pop.hold import lowest_needed_offset as pop_needed
+from chronomq.pop import lowest_needed_offset as pop_needed
 from chronomq.raftlog.chain import BLOCK_BYTES
 from chronomq.raftlog.node import RaftLog
 from chronomq.raftlog.retention import (

@@ -27,8 +27,8 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from chronomq.cluster.errors import bad_request
-from chronomq.cluster.pop.machine import MAX_FILTER_TAGS
-from chronomq.cluster.pop.state import (
+from chronomq.pop import (
+    MAX_FILTER_TAGS,
     MAX_INVISIBLE_MS,
     MAX_POP_MESSAGES,
     MAX_RECONSUME_TIMES_CEILING,
@@ -39,7 +39,7 @@ T = TypeVar("T")
 
 MAX_ACK_HANDLES: Final = 1024
 """Handles one ack request may name (sent to Raft in commands of
-:data:`~chronomq.cluster.pop.state.MAX_ITEMS_PER_COMMAND`)."""
+:data:`~chronomq.pop.state.MAX_ITEMS_PER_COMMAND`)."""
 
 _INT_MAX = 2**63 - 1
 """The largest integer a bounded field takes (msgspec bounds are 64-bit); a larger one is

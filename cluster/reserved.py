@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from chronomq.cluster.errors import bad_request
-from chronomq.cluster.pop.state import REVIVE_TOPIC
+from chronomq.pop import REVIVE_TOPIC
 from chronomq.raftlog import record
 from chronomq.raftlog.applycheck import RecordRule
 from chronomq.schedule import properties as schedule_props
@@ -76,7 +76,7 @@ def check_user_properties(properties: Mapping[str, str], field: str) -> None:
 
 APPLY_EXTENSIONS: Final = ("timer", "pop")
 """Every apply extension a node of this cluster registers (``timer.machine.NAME``,
-``cluster.pop.machine.NAME``); a committed command for another name is rejected at apply
+``chronomq.pop.machine.NAME``); a committed command for another name is rejected at apply
 instead of waiting for it."""
 
 

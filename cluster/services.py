@@ -85,7 +85,7 @@ def _timer(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | No
     from pathlib import Path
 
     from chronomq.cluster.config import ConfigError
-    from chronomq.cluster.pop.state import REVIVE_TOPIC
+    from chronomq.pop import REVIVE_TOPIC
     from chronomq.timer.config import timer_config_from
     from chronomq.timer.errors import InvalidTimerConfig
     from chronomq.timer.service import TimerService
@@ -126,9 +126,9 @@ def _timer(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | No
 
 
 def _pop(config: NodeConfig, raftlog: RaftLog, broker: Broker) -> Service | None:
-    """RocketMQ 5 pop consumption (``cluster/pop``): its apply extension on every node, its
+    """RocketMQ 5 pop consumption (``pop/``): its apply extension on every node, its
     revive driver on the leader. Receipt handles are signed with the cluster secret."""
-    from chronomq.cluster.pop.service import PopService
+    from chronomq.pop import PopService
 
     service = PopService(
         raftlog,

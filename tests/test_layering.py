@@ -1,6 +1,6 @@
-"""The packages import one way: ``cluster -> schedule, timer -> raftlog``, with ``ops`` and the
+"""The packages import one way: ``cluster -> pop -> schedule, timer -> raftlog``, with ``ops`` and the
 command line (``chronomq.cli``) above them all, every one under the ``chronomq`` name (nothing
-installs a top-level ``cluster``, ``schedule``, ``timer``, ``ops`` or ``raftlog``). Checked on
+installs a top-level ``cluster``, ``pop``, ``schedule``, ``timer``, ``ops`` or ``raftlog``). Checked on
 the source, import by import."""
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TOP = ("raftlog", "schedule", "timer", "cluster", "ops", "chronomq")
+TOP = ("raftlog", "schedule", "timer", "pop", "cluster", "ops", "chronomq")
 
 # What each package may import of ours (``None``: anything but what FORBIDDEN names).
 ALLOWED: dict[str, set[str] | None] = {
     "raftlog": {"chronomq.raftlog"},
     "schedule": {"chronomq.schedule", "chronomq.raftlog"},
     "timer": {"chronomq.timer", "chronomq.raftlog"},
+    "pop": {"chronomq.pop", "chronomq.timer", "chronomq.schedule", "chronomq.raftlog"},
     "cluster": None,
 }
 # The node package never imports the tooling above it.

@@ -43,9 +43,6 @@ from rocketmq.grpc_protocol import service_pb2 as spb
 from chronomq.cluster import api_pop, models, reserved
 from chronomq.cluster.api_pop import ReceiveArgs
 from chronomq.cluster.errors import ApiError, bad_request
-from chronomq.cluster.pop.handle import MAX_HANDLE_CHARS
-from chronomq.cluster.pop.machine import group_problem
-from chronomq.cluster.pop.state import MAX_INVISIBLE_MS, MAX_POP_MESSAGES, MIN_INVISIBLE_MS
 from chronomq.cluster.rocketmq import codes, convert
 from chronomq.cluster.rocketmq.autorenew import (
     MAX_FORWARDS_IN_FLIGHT,
@@ -57,6 +54,13 @@ from chronomq.cluster.rocketmq.metrics import GrpcMetrics
 from chronomq.cluster.rocketmq.renew import StopReason, Tracked
 from chronomq.cluster.rocketmq.rpc import ServicerBase, client_id_of, make_status, rpc
 from chronomq.cluster.rocketmq.telemetry import DEFAULT_LONG_POLLING_MS
+from chronomq.pop import (
+    MAX_HANDLE_CHARS,
+    MAX_INVISIBLE_MS,
+    MAX_POP_MESSAGES,
+    MIN_INVISIBLE_MS,
+    group_problem,
+)
 from chronomq.raftlog import record
 from chronomq.timer.message import TIMER_OUT_MS
 

@@ -10,7 +10,7 @@ Messages never handed out are not held: retention deletes them as RocketMQ's doe
 
 from __future__ import annotations
 
-from chronomq.cluster.pop import state
+from chronomq.pop import state
 from chronomq.raftlog.store import Store
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from chronomq.cluster.pop import core, state
-from chronomq.cluster.pop.core import AckStatus, ReviveAction
-from chronomq.cluster.pop.handle import Handle, HandleCodec, InvalidHandle
-from chronomq.cluster.pop.state import MAX_ACKED_MEMORY, MAX_HELD, QueueState
+from chronomq.pop import core, state
+from chronomq.pop.core import AckStatus, ReviveAction
+from chronomq.pop.handle import Handle, HandleCodec, InvalidHandle
+from chronomq.pop.state import MAX_ACKED_MEMORY, MAX_HELD, QueueState
 from chronomq.raftlog.clock import FakeClock
 
 T0 = 1_700_000_000_000

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from chronomq.cluster.pop.service import PopService
+from chronomq.pop.service import PopService
 
-#: What apply counts (:class:`chronomq.cluster.pop.machine.PopStats`), exported with these labels.
+#: What apply counts (:class:`chronomq.pop.machine.PopStats`), exported with these labels.
 APPLIED = (
     "popped",
     "ack",

@@ -3,23 +3,23 @@ driver.
 
 API (call on the leader; a follower's proposal fails with :class:`chronomq.raftlog.errors.NotLeader`,
 which the caller forwards as it does for produce). Every call validates at once and raises
-:class:`PopError` (a bad argument, an unknown topic) or :class:`~chronomq.cluster.pop.handle.InvalidHandle`
+:class:`PopError` (a bad argument, an unknown topic) or :class:`~chronomq.pop.handle.InvalidHandle`
 (a handle that does not verify) before anything is proposed; otherwise it returns a
 :class:`concurrent.futures.Future` of a typed answer, resolved once the command is committed
 and applied on this node (wrap it with ``asyncio.wrap_future`` and bound the wait: pysyncobj may
 never answer, and an unanswered receive only leaves its messages invisible until they revive).
 The answer is built by the thread that completes the commit (pysyncobj's, on a real node): for
-a receive that is reading at most :data:`~chronomq.cluster.pop.state.MAX_POP_MESSAGES` records and
+a receive that is reading at most :data:`~chronomq.pop.state.MAX_POP_MESSAGES` records and
 signing their handles.
 
 * :meth:`PopService.receive` -> ``list[Popped]``: one ``pop`` command; the messages are read
   from this node's store once applied. Long polling is the caller's: call again when the topic
   grows (:meth:`PopService.visible` says whether anything could be handed out now).
 * :meth:`PopService.ack` -> ``list[AckResult]`` (one command for up to
-  :data:`~chronomq.cluster.pop.state.MAX_ITEMS_PER_COMMAND` handles).
+  :data:`~chronomq.pop.state.MAX_ITEMS_PER_COMMAND` handles).
 * :meth:`PopService.change_invisible` -> :class:`ChangeResult` with a new handle;
   :meth:`PopService.change_invisible_many` changes up to
-  :data:`~chronomq.cluster.pop.state.MAX_ITEMS_PER_COMMAND` in one command.
+  :data:`~chronomq.pop.state.MAX_ITEMS_PER_COMMAND` in one command.
 * :meth:`PopService.forward_to_dlq` -> :class:`ForwardResult`.
 
 Revive driver: leader-only work ``pop-revive`` registered with the node's
@@ -42,10 +42,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final, TypeVar
 
-from chronomq.cluster.pop import core
-from chronomq.cluster.pop.core import AckStatus
-from chronomq.cluster.pop.handle import Handle, HandleCodec
-from chronomq.cluster.pop.machine import (
+from chronomq.pop import core
+from chronomq.pop.core import AckStatus
+from chronomq.pop.handle import Handle, HandleCodec
+from chronomq.pop.machine import (
     MAX_FILTER_TAGS,
     NAME,
     ItemsOutcome,
@@ -55,7 +55,7 @@ from chronomq.cluster.pop.machine import (
     group_problem,
     topic_problem,
 )
-from chronomq.cluster.pop.state import (
+from chronomq.pop.state import (
     MAX_INVISIBLE_MS,
     MAX_ITEMS_PER_COMMAND,
     MAX_POP_MESSAGES,

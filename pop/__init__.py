@@ -10,8 +10,9 @@ a new leader neither loses an invisible message nor hands out an acked one again
 
 Where it lives
 ==============
-``cluster/pop/`` sits above ``timer`` and ``schedule`` (``cluster -> schedule, timer ->
-raftlog``): it writes timer messages (:mod:`chronomq.timer.message`'s properties) and names the DLQ as
+``pop/`` sits above ``timer`` and ``schedule`` and below ``cluster`` (``cluster -> pop ->
+schedule, timer -> raftlog``): it imports nothing of ``cluster``, which uses it through this
+module only (the names of ``__all__``). It writes timer messages (:mod:`chronomq.timer.message`'s properties) and names the DLQ as
 :mod:`chronomq.schedule.retry` does, and neither of them imports it. It touches the timer only through
 the log: it *appends* a timer message to the timer topic in its own apply, and *reads* what the
 timer delivered to the revive topic. No import cycle, no call between the two apply
@@ -32,7 +33,7 @@ module             owns
 ``metrics``        Prometheus gauges: held messages, revive lag, what apply did.
 =================  =========================================================================
 
-Every node runs it: ``cluster/services.py`` starts a :class:`~chronomq.cluster.pop.service.PopService`
+Every node runs it: ``cluster/services.py`` starts a :class:`~chronomq.pop.service.PopService`
 (``broker.pop``) with the node's ``max_reconsume_times``, ``commit_timeout_ms`` and cluster
 secret, and ``pop`` is one of ``cluster.reserved.APPLY_EXTENSIONS``.
 
@@ -42,10 +43,10 @@ Per (group, topic, queue), one kv entry ``pop/q/{group}/{topic}/{queue}`` holdin
 
 * ``cursor``: the queue offset of the first message this group has never been handed;
 * ``inflight``: offset -> (pop id, attempt, invisible-until ms), what is handed out and not
-  acked; at most :data:`chronomq.cluster.pop.state.MAX_HELD` entries together with ``revived``;
+  acked; at most :data:`chronomq.pop.state.MAX_HELD` entries together with ``revived``;
 * ``revived``: offset -> attempt, messages whose invisible time passed un-acked, waiting to be
   handed out again (with that attempt);
-* ``acked``: the last :data:`chronomq.cluster.pop.state.MAX_ACKED_MEMORY` (offset, pop id) acked, so a
+* ``acked``: the last :data:`chronomq.pop.state.MAX_ACKED_MEMORY` (offset, pop id) acked, so a
   repeated ack answers "already acked" rather than "expired".
 
 Plus ``pop/revive`` (int): how far the revive topic has been read. The *pop id* of a hand-out
@@ -60,13 +61,13 @@ never held by two consumers at once, and it comes back only through the revive c
 Commands (``propose_extension("pop", payload)``; payload a JSON object with ``op``)
 =================================================================================
 ``pop``     ``{"g", "t", "qs": [[queue, min_offset], ...], "n", "inv_ms", "mrt", "tags"}``:
-            hand out up to ``n`` (<= :data:`chronomq.cluster.pop.state.MAX_POP_MESSAGES`) messages,
+            hand out up to ``n`` (<= :data:`chronomq.pop.state.MAX_POP_MESSAGES`) messages,
             taking the queues in the order given (the leader rotates them). ``min_offset`` is
             the leader's retention view of the queue (replicas delete at different moments,
             so apply never asks its own). ``tags`` (or ``null`` for ``*``) filters by the
             ConsumeQueue's tags code: a never-handed-out message of another tag is passed over
             for this group for good, as RocketMQ's pop does, at most
-            :data:`chronomq.cluster.pop.machine.MAX_FILTER_SCAN` per queue and command. *Apply* picks the offsets from the committed
+            :data:`chronomq.pop.machine.MAX_FILTER_SCAN` per queue and command. *Apply* picks the offsets from the committed
             state: two receives racing on the leader never pick the same message, and nothing
             the leader guessed can be stale. Each picked message gets pop id = index, attempt
             (1 for a first hand-out, the revived attempt otherwise) and invisible-until =
@@ -83,7 +84,7 @@ Commands (``propose_extension("pop", payload)``; payload a JSON object with ``op
             (ForwardMessageToDeadLetterQueue): in flight with that pop id -> copied to the DLQ
             and removed; else ``expired``.
 ``revive``  ``{"upto": revive_offset}``: read the revive topic from ``pop/revive`` to
-            ``upto`` (at most :data:`chronomq.cluster.pop.state.MAX_REVIVE_PER_COMMAND` CKs) and act on
+            ``upto`` (at most :data:`chronomq.pop.state.MAX_REVIVE_PER_COMMAND` CKs) and act on
             each (below), moving ``pop/revive`` in the same command.
 
 Every command is bounded (items per command, messages per pop, entries per queue), and apply
@@ -93,7 +94,7 @@ CK: a timer message to the revive topic
 =======================================
 Each ``pop`` (per queue with something handed out) and each ``chg`` appends, in the same apply,
 one timer message to the timer topic (``rmq_sys_wheel_timer``, queue 0) with ``TIMER_OUT_MS``
-= invisible-until, ``REAL_TOPIC`` = :data:`chronomq.cluster.pop.state.REVIVE_TOPIC` (``%POP_REVIVE%``),
+= invisible-until, ``REAL_TOPIC`` = :data:`chronomq.pop.state.REVIVE_TOPIC` (``%POP_REVIVE%``),
 ``REAL_QID`` = 0, a msg id derived from (index, seq) and a JSON body ``{"g", "t", "q", "p":
 pop_id, "o": [offsets], "mrt"}``. It is a normal record of the timer topic, so the timer's
 apply enqueues it into its wheel and, once the slot is due (never before invisible-until, by
@@ -116,7 +117,7 @@ would do anyway: a repeated, late or forged CK (the revive topic is an ordinary 
 never makes a message visible before its time nor revives an acked one. ``mrt`` travels in the
 CK, so every replica uses the limit the leader had when the message was handed out.
 
-Receipt handles (:mod:`chronomq.cluster.pop.handle`)
+Receipt handles (:mod:`chronomq.pop.handle`)
 ==========================================
 Self-contained, so any node (and a new leader after a failover) can act on one without a lookup:
 ``v1.`` + base64url of (group, topic, queue, offset, pop id, attempt, invisible-until) + a
@@ -130,12 +131,12 @@ handed to anyone else, so this is safe (RocketMQ refuses it by the clock; we ans
 Retention
 =========
 Apply reads a message again when it is handed out again or copied to the DLQ, and reads CKs
-from the revive topic; retention keeps both (:mod:`chronomq.cluster.pop.hold`, part of
+from the revive topic; retention keeps both (:mod:`chronomq.pop.hold`, part of
 ``DiskService.needed_offset``), so every replica reads the same bytes. Never-handed-out
 messages are not held, as in RocketMQ. The revive topic ``%POP_REVIVE%`` is a system topic for
 producers (``cluster.reserved``): only the timer writes to it.
 
-Leader side (:mod:`chronomq.cluster.pop.service`)
+Leader side (:mod:`chronomq.pop.service`)
 =======================================
 ``PopService.receive(group, topic, max_messages, invisible_ms)`` proposes one ``pop`` command
 and reads the picked messages from the local store; ``ack``, ``change_invisible`` and
@@ -148,3 +149,46 @@ is current, one ``revive`` command at a time, and after a failover the new leade
 the committed ``pop/revive``: nothing skipped, nothing revived twice (a second revive of the
 same CK finds the entry moved).
 """
+
+from chronomq.pop.handle import MAX_HANDLE_CHARS, InvalidHandle
+from chronomq.pop.hold import lowest_needed_offset
+from chronomq.pop.machine import MAX_FILTER_TAGS, group_problem, topic_problem
+from chronomq.pop.metrics import install_metrics
+from chronomq.pop.service import (
+    AckResult,
+    ChangeResult,
+    ForwardResult,
+    PopError,
+    Popped,
+    PopService,
+)
+from chronomq.pop.state import (
+    MAX_INVISIBLE_MS,
+    MAX_ITEMS_PER_COMMAND,
+    MAX_POP_MESSAGES,
+    MAX_RECONSUME_TIMES_CEILING,
+    MIN_INVISIBLE_MS,
+    REVIVE_TOPIC,
+)
+
+__all__ = [
+    "MAX_FILTER_TAGS",
+    "MAX_HANDLE_CHARS",
+    "MAX_INVISIBLE_MS",
+    "MAX_ITEMS_PER_COMMAND",
+    "MAX_POP_MESSAGES",
+    "MAX_RECONSUME_TIMES_CEILING",
+    "MIN_INVISIBLE_MS",
+    "REVIVE_TOPIC",
+    "AckResult",
+    "ChangeResult",
+    "ForwardResult",
+    "InvalidHandle",
+    "PopError",
+    "PopService",
+    "Popped",
+    "group_problem",
+    "install_metrics",
+    "lowest_needed_offset",
+    "topic_problem",
+]

@@ -11,11 +11,11 @@ from typing import Any, TypeVar
 
 import pytest
 
-from chronomq.cluster.pop.core import AckStatus
-from chronomq.cluster.pop.handle import InvalidHandle
-from chronomq.cluster.pop.machine import NAME
-from chronomq.cluster.pop.service import ChangeStatus, ForwardStatus, PopError, Popped, PopService
-from chronomq.cluster.pop.state import REVIVE_TOPIC
+from chronomq.pop.core import AckStatus
+from chronomq.pop.handle import InvalidHandle
+from chronomq.pop.machine import NAME
+from chronomq.pop.service import ChangeStatus, ForwardStatus, PopError, Popped, PopService
+from chronomq.pop.state import REVIVE_TOPIC
 from chronomq.raftlog.node import NewMessage
 from chronomq.raftlog.store import Store
 from chronomq.schedule.retry import dlq_topic
@@ -294,7 +294,7 @@ def test_a_tag_filter_hands_out_only_matching_messages(make: Any) -> None:
 
 
 def test_retention_keeps_held_messages_and_unread_cks(make: Any) -> None:
-    from chronomq.cluster.pop.hold import lowest_needed_offset
+    from chronomq.pop.hold import lowest_needed_offset
 
     pg = make()
     store = pg.g.logs[0].store
@@ -331,7 +331,7 @@ def test_a_receive_may_name_one_queue(make: Any) -> None:
 def test_metrics_show_held_messages_and_what_apply_did(make: Any) -> None:
     from prometheus_client import CollectorRegistry
 
-    from chronomq.cluster.pop.metrics import install_metrics
+    from chronomq.pop.metrics import install_metrics
 
     pg = make()
     pg.produce("orders", 3)

@@ -1,6 +1,6 @@
 """The pop decisions, pure: what to hand out, what an ack or a change does, what a due CK does.
 
-Every function takes a :class:`~chronomq.cluster.pop.state.QueueState` and changes it in place, with the
+Every function takes a :class:`~chronomq.pop.state.QueueState` and changes it in place, with the
 command's propose time as ``now_ms`` and its Raft index as the new pop id; nothing here reads a
 clock, a file or the store (the machine passes the queue's offsets in). Apply runs them on every
 replica in log order, so every replica reaches the same state.
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-from chronomq.cluster.pop.state import MAX_HELD, Inflight, QueueState
+from chronomq.pop.state import MAX_HELD, Inflight, QueueState
 
 
 class AckStatus(Enum):
@@ -58,7 +58,7 @@ def pick(
 ) -> tuple[list[Picked], int]:
     """Hand out up to ``n`` visible messages of the queue ``[min_offset, max_offset)``:
     revived ones first (lowest offset first), then never-popped ones from the cursor, never
-    beyond :data:`~chronomq.cluster.pop.state.MAX_HELD` held at once. Returns what was picked and how
+    beyond :data:`~chronomq.pop.state.MAX_HELD` held at once. Returns what was picked and how
     many revived messages were dropped because retention deleted them.
 
     ``accept(offset)``: the group's filter (its tags; ``None``: not looked at, stop there). A

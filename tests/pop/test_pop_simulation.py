@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chronomq.cluster.pop.core import AckStatus
-from chronomq.cluster.pop.service import ChangeStatus, ForwardStatus, Popped
+from chronomq.pop.core import AckStatus
+from chronomq.pop.service import ChangeStatus, ForwardStatus, Popped
 from chronomq.raftlog.node import NewMessage
-from tests.cluster.test_pop_machine import PopGroup
+from tests.pop.test_pop_machine import PopGroup
 
 GROUPS = ("g1", "g2")
 

@@ -11,9 +11,9 @@ import heapq
 import random
 from dataclasses import dataclass
 
-from chronomq.cluster.pop import core
-from chronomq.cluster.pop.core import AckStatus, ReviveAction
-from chronomq.cluster.pop.state import QueueState
+from chronomq.pop import core
+from chronomq.pop.core import AckStatus, ReviveAction
+from chronomq.pop.state import QueueState
 from chronomq.raftlog.clock import FakeClock
 
 T0 = 1_700_000_000_000

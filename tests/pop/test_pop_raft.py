@@ -13,8 +13,8 @@ from typing import TypeVar
 
 import pytest
 
-from chronomq.cluster.pop.core import AckStatus
-from chronomq.cluster.pop.service import Popped, PopService
+from chronomq.pop.core import AckStatus
+from chronomq.pop.service import Popped, PopService
 from chronomq.raftlog.config import RaftConfig
 from chronomq.raftlog.errors import RaftLogError
 from chronomq.raftlog.node import NewMessage, RaftLog

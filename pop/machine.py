@@ -1,14 +1,14 @@
 """The pop apply extension (``pop``): what every replica does with a pop command.
 
 Decodes the command (see the package docstring for the payloads), loads the touched queues'
-state from kv, runs :mod:`chronomq.cluster.pop.core` with the command's propose time and Raft index,
+state from kv, runs :mod:`chronomq.pop.core` with the command's propose time and Raft index,
 writes the CK timer messages and DLQ copies as derived records, and stores the state back, all
 in one apply. Total: a payload or item that breaks a rule is answered ``invalid`` (counted,
 logged), never raised; only a fault of this node escapes.
 
 What apply reads of the store is the committed log: queue max offsets, ConsumeQueue units (tags
 codes, for a filter; ConsumeQueue files are never deleted), the revive topic and, for a DLQ
-copy, the original record (both kept by retention, :mod:`chronomq.cluster.pop.hold`). It never uses this
+copy, the original record (both kept by retention, :mod:`chronomq.pop.hold`). It never uses this
 node's retention view (the queue's min offset differs between replicas while their retention
 runs at different moments): the leader carries its min offsets in the ``pop`` command.
 """
@@ -23,9 +23,9 @@ from typing import Any
 
 import orjson
 
-from chronomq.cluster.pop import core, state
-from chronomq.cluster.pop.core import AckStatus, ReviveAction
-from chronomq.cluster.pop.state import (
+from chronomq.pop import core, state
+from chronomq.pop.core import AckStatus, ReviveAction
+from chronomq.pop.state import (
     MAX_INVISIBLE_MS,
     MAX_ITEMS_PER_COMMAND,
     MAX_POP_MESSAGES,
