@@ -15,7 +15,7 @@ Starts its own cluster of real node processes on loopback and drives their gRPC 
     ``received`` counts distinct messages, ``redelivered`` copies handed out again, and
     ``left_after`` what one more receive finds once all are acked (each must be what it says).
 (d) **HTTP** (``--http-messages`` > 0, for comparison): the same single-message sends over the
-    HTTP API with ``cluster.client.Client``, ``--threads`` requests in flight.
+    HTTP API with ``cluster.cli.client.Client``, ``--threads`` requests in flight.
 
 Every phase records the CPU it cost: this process (the client), each node process (the leader
 marked), and the whole machine, as percent of one core over the phase's wall time. A client
@@ -38,7 +38,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from chronomq.cluster.launcher import LocalCluster, parse_sets
+from chronomq.cluster.process.launcher import LocalCluster, parse_sets
 from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
 from chronomq.ops.benchutil import (
     cpu_figures,
@@ -259,7 +259,7 @@ def _report_drain(drain: Drain, t0: float) -> None:
 async def _http_sends(
     cluster: LocalCluster, total: int, concurrency: int, body: str
 ) -> tuple[float, list[float]]:
-    from chronomq.cluster.client import Client
+    from chronomq.cluster.cli.client import Client
 
     lat: list[float] = []
     left = total

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chronomq.cluster.client import Client
-from chronomq.cluster.launcher import LocalCluster, parse_sets
+from chronomq.cluster.cli.client import Client
+from chronomq.cluster.process.launcher import LocalCluster, parse_sets
 from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
 from chronomq.ops.benchutil import non_negative, port_base, positive, print_figures, progress
 from chronomq.ops.stats import percentile

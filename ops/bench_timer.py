@@ -36,8 +36,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from chronomq.cluster.launcher import LocalCluster, parse_sets
-from chronomq.cluster.stopping import take_signals
+from chronomq.cluster.process.launcher import LocalCluster, parse_sets
+from chronomq.cluster.process.stopping import take_signals
 from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
 from chronomq.ops.benchutil import (
     cpu_sample,
@@ -128,7 +128,7 @@ async def _queues(client: Any) -> int:
 async def _precision(
     cluster: LocalCluster, leader: int, rate: int, duration_s: float, horizon_s: float
 ) -> dict[str, Any]:
-    from chronomq.cluster.client import Client
+    from chronomq.cluster.cli.client import Client
 
     rng = random.Random(1)
     follower = next((i for i in range(cluster.n) if i != leader), leader)
@@ -220,7 +220,7 @@ async def _delivered_count(client: Any, url: str) -> int:
 
 
 async def _burst(cluster: LocalCluster, leader: int, n: int, producers: int) -> dict[str, Any]:
-    from chronomq.cluster.client import Client
+    from chronomq.cluster.cli.client import Client
 
     url = cluster.http_url(leader)
     async with Client(

@@ -29,13 +29,13 @@ module             owns
                    core, writes CK timer messages and DLQ copies, stores the state in kv.
 ``service``        the leader's API (receive, ack, change_invisible, forward_to_dlq) and the
                    revive driver (leader-only work, one piece of :mod:`chronomq.raftlog.leadership`).
-``hold``           what retention must keep for pop (``cluster/disk.py`` asks it).
+``hold``           what retention must keep for pop (``cluster/node/disk.py`` asks it).
 ``metrics``        Prometheus gauges: held messages, revive lag, what apply did.
 =================  =========================================================================
 
-Every node runs it: ``cluster/services.py`` starts a :class:`~chronomq.pop.service.PopService`
+Every node runs it: ``cluster/node/services.py`` starts a :class:`~chronomq.pop.service.PopService`
 (``broker.pop``) with the node's ``max_reconsume_times``, ``commit_timeout_ms`` and cluster
-secret, and ``pop`` is one of ``cluster.reserved.APPLY_EXTENSIONS``.
+secret, and ``pop`` is one of ``cluster.node.reserved.APPLY_EXTENSIONS``.
 
 Replicated state (kv, so snapshots, restarts and catch-up carry it)
 ==================================================================
@@ -134,7 +134,7 @@ Apply reads a message again when it is handed out again or copied to the DLQ, an
 from the revive topic; retention keeps both (:mod:`chronomq.pop.hold`, part of
 ``DiskService.needed_offset``), so every replica reads the same bytes. Never-handed-out
 messages are not held, as in RocketMQ. The revive topic ``%POP_REVIVE%`` is a system topic for
-producers (``cluster.reserved``): only the timer writes to it.
+producers (``cluster.node.reserved``): only the timer writes to it.
 
 Leader side (:mod:`chronomq.pop.service`)
 =======================================

@@ -1,4 +1,4 @@
-"""What pop consumption still needs of the CommitLog, for retention (``cluster/disk.py``).
+"""What pop consumption still needs of the CommitLog, for retention (``cluster/node/disk.py``).
 
 Apply reads two kinds of records later than they were written: a held message (in flight or
 revived), when it is handed out again or copied to the DLQ, and the CKs of the revive topic

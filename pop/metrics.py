@@ -1,7 +1,7 @@
-"""Prometheus metrics of pop consumption, in the form ``cluster/disk.py`` uses: the caller's
-registry and a list of collectors run before each scrape (``cluster.api.create_app`` calls
+"""Prometheus metrics of pop consumption, in the form ``cluster/node/disk.py`` uses: the caller's
+registry and a list of collectors run before each scrape (``cluster.httpapi.api.create_app`` calls
 ``install_metrics(registry, collectors, broker.pop)``). Consumer-group lag, pop included, is
-:class:`chronomq.cluster.nodemetrics.GroupLagCollector`'s."""
+:class:`chronomq.cluster.node.metrics.GroupLagCollector`'s."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Pop consumption over gRPC: ``ReceiveMessage``, ``AckMessage``, ``ChangeInvisibleDuration``,
 ``ForwardMessageToDeadLetterQueue`` (what ``SimpleConsumer`` and ``PushConsumer`` use).
 
-Each call is one write of :mod:`chronomq.cluster.api_pop` on the leader (a follower forwards it to the
+Each call is one write of :mod:`chronomq.cluster.httpapi.api_pop` on the leader (a follower forwards it to the
 leader's ``/v1/groups/{group}/...`` routes, as a send is forwarded), so pop state is replicated
 and a receipt handle from before a failover still acks on the new leader.
 
@@ -40,9 +40,10 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
-from chronomq.cluster import api_pop, models, reserved
-from chronomq.cluster.api_pop import ReceiveArgs
-from chronomq.cluster.errors import ApiError, bad_request
+from chronomq.cluster.httpapi import api_pop
+from chronomq.cluster.httpapi.api_pop import ReceiveArgs
+from chronomq.cluster.node import models, reserved
+from chronomq.cluster.node.errors import ApiError, bad_request
 from chronomq.cluster.rocketmq import codes, convert
 from chronomq.cluster.rocketmq.autorenew import (
     MAX_FORWARDS_IN_FLIGHT,
@@ -196,9 +197,9 @@ def receive_args(
 
 
 def message_pb(m: dict[str, Any], endpoint_host: str = "") -> pb.Message:
-    """A message for the client: received by pop (as :func:`chronomq.cluster.api_pop.popped_json`
+    """A message for the client: received by pop (as :func:`chronomq.cluster.httpapi.api_pop.popped_json`
     gives it, with its receipt handle, attempt and invisible time) or pulled by offset (as
-    :func:`chronomq.cluster.pull.message_json` gives it: no receipt handle, and the attempt is
+    :func:`chronomq.cluster.node.pull.message_json` gives it: no receipt handle, and the attempt is
     ``reconsume_times + 1``, as the RocketMQ proxy answers a pull)."""
     props: dict[str, str] = dict(m.get("properties") or {})
     if m.get("body_base64") is not None:

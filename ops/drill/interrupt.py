@@ -11,7 +11,7 @@ removes the namespaces and mounts and exits at once. The exit status is 128 + th
 number: 130 for Ctrl-C, 143 for SIGTERM.
 
 The signals are taken back whatever the drill inherited (ignored, or blocked: see
-:func:`~chronomq.cluster.stopping.take_signals`).
+:func:`~chronomq.cluster.process.stopping.take_signals`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from chronomq.cluster.launcher import LocalCluster
-from chronomq.cluster.stopping import take_signals
+from chronomq.cluster.process.launcher import LocalCluster
+from chronomq.cluster.process.stopping import take_signals
 from chronomq.ops.drill import netns
 from chronomq.ops.drill.powercut import mount as powercut
 

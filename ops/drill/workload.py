@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chronomq._consume import FetchStart, Pulled, QueueCursor
-from chronomq.cluster.client import Client, ClientError
+from chronomq.cluster.cli.client import Client, ClientError
 from chronomq.errors import ApiError
 from chronomq.ops.drill.history import History, now_ms
 

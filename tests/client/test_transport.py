@@ -22,7 +22,7 @@ from chronomq._http_sync import SyncTransport
 from chronomq._model import MessageData
 from chronomq._policy import RequestPolicy
 from chronomq._wire import Attempts, Nodes, Wait, path, query, retry_after_s
-from chronomq.cluster.client import Client
+from chronomq.cluster.cli.client import Client
 
 MakeServer = Callable[..., Awaitable[Any]]
 STORED = {"results": [{"msg_id": "AB", "topic": "t", "queue": 0, "offset": 7}], "duplicate": False}

@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from chronomq.cluster.client import MAX_RETRY_AFTER_S, Client, ClientError, _retry_after_s
+from chronomq.cluster.cli.client import MAX_RETRY_AFTER_S, Client, ClientError, _retry_after_s
 
 MakeServer = Callable[..., Awaitable[Any]]
 

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster.client import ConsumedLog, Consumer, consumed_line
-from chronomq.cluster.config import load
-from chronomq.cluster.logschema import (
+from chronomq.cluster.cli.client import ConsumedLog, Consumer, consumed_line
+from chronomq.cluster.config.nodeconfig import load
+from chronomq.cluster.logs.nodelogs import NodeLogs, install_metrics, log_dir
+from chronomq.cluster.logs.schema import (
     EventRecord,
     EventType,
     LatencyRecord,
@@ -20,8 +21,7 @@ from chronomq.cluster.logschema import (
     Stage,
     decode,
 )
-from chronomq.cluster.logwriter import keep_sample
-from chronomq.cluster.nodelogs import NodeLogs, install_metrics, log_dir
+from chronomq.cluster.logs.writer import keep_sample
 from chronomq.raftlog import command as cmdcodec
 from chronomq.raftlog.clock import FakeClock
 from chronomq.raftlog.record import msg_id_hex

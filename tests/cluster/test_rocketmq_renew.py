@@ -11,7 +11,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from rocketmq.grpc_protocol import service_pb2 as spb
 
-from chronomq.cluster import config, configkeys
+from chronomq.cluster.config import keys as configkeys
+from chronomq.cluster.config import nodeconfig as config
 from chronomq.cluster.rocketmq import consume
 from chronomq.cluster.rocketmq.autorenew import (
     BATCH,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 from tests.conftest import node_logs, register_cluster
 from tests.integration import spec_check
 
@@ -213,7 +213,7 @@ async def pull_applied(
     """The messages a pull returns, or none while the node asked (any node: a follower) has
     not applied the topic's creation yet (404 ``unknown_topic``): for ``wait_for`` loops that
     read right after a write created the topic."""
-    from chronomq.cluster.client import ClientError
+    from chronomq.cluster.cli.client import ClientError
 
     try:
         page = await client.pull(topic, queue, offset, max_messages, **kw)

@@ -13,8 +13,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from chronomq.cluster.client import Client, ClientError
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.cli.client import Client, ClientError
+from chronomq.cluster.process.launcher import LocalCluster
 from tests.integration.conftest import pull_applied, wait_for
 
 pytestmark = pytest.mark.integration

@@ -11,8 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from chronomq.cluster.client import Client, ClientError
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.cli.client import Client, ClientError
+from chronomq.cluster.process.launcher import LocalCluster
 from tests.integration.conftest import dump_logs, wait_for
 
 pytestmark = pytest.mark.integration
@@ -163,7 +163,7 @@ def test_every_admin_endpoint_answers(make_cluster: Any) -> None:
 
 
 def test_batching_producer_and_consumer_resume_from_committed_offset(make_cluster: Any) -> None:
-    from chronomq.cluster.client import BatchingProducer, Consumer
+    from chronomq.cluster.cli.client import BatchingProducer, Consumer
 
     cluster = make_cluster(3)
     cluster.wait_leader(60)

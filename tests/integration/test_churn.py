@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster.client import Client, ClientError
+from chronomq.cluster.cli.client import Client, ClientError
 from tests.integration.conftest import wait_for
 from tests.integration.test_schedule import QUEUES, TOPIC, Collector, check_history
 

@@ -14,9 +14,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from chronomq.cluster import fdbudget
-from chronomq.cluster.client import Client
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.cli.client import Client
+from chronomq.cluster.process import fdbudget
+from chronomq.cluster.process.launcher import LocalCluster
 from tests.integration.conftest import dump_logs, free_port_base
 
 LIMIT = 1024

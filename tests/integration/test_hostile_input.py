@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from chronomq.cluster.client import Client
+from chronomq.cluster.cli.client import Client
 from tests.integration.conftest import pull_applied, wait_for
 
 pytestmark = pytest.mark.integration

@@ -23,9 +23,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from chronomq.cluster.client import Client
-from chronomq.cluster.launcher import LocalCluster
-from chronomq.cluster.tls import client_context
+from chronomq.cluster.cli.client import Client
+from chronomq.cluster.node.tls import client_context
+from chronomq.cluster.process.launcher import LocalCluster
 from tests.integration.conftest import wait_for
 from tests.selfsigned import self_signed
 

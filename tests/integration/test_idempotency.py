@@ -15,8 +15,8 @@ from typing import Any
 
 import aiohttp
 
-from chronomq.cluster.client import Client
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.cli.client import Client
+from chronomq.cluster.process.launcher import LocalCluster
 
 from .conftest import dump_logs
 

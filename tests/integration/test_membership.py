@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from chronomq.cluster.client import Client, ClientError
+from chronomq.cluster.cli.client import Client, ClientError
 from tests.integration.conftest import dump_logs, wait_for
 
 pytestmark = pytest.mark.integration

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster.client import Client, Consumer
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.cli.client import Client, Consumer
+from chronomq.cluster.process.launcher import LocalCluster
 from tests.integration.conftest import dump_logs
 from tests.ops.conftest import cli_report
 

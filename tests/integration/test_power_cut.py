@@ -28,8 +28,8 @@ from typing import Any
 import orjson
 import pytest
 
-from chronomq.cluster.client import Client
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.cli.client import Client
+from chronomq.cluster.process.launcher import LocalCluster
 from chronomq.raftlog.journal import encode_record, read_file
 from chronomq.raftlog.store import Store
 from tests.integration.test_restart_all import kill_all_at_once, node_log, wait_until

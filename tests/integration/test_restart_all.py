@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster.client import Client, ClientError
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.cli.client import Client, ClientError
+from chronomq.cluster.process.launcher import LocalCluster
 from chronomq.raftlog.journal import TORN_GROUPS, encode_record, header, read_file
 from chronomq.raftlog.store import Store
 from tests.integration.conftest import dump_logs, free_port_base, wait_for

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster.client import Client, ClientError
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.cli.client import Client, ClientError
+from chronomq.cluster.process.launcher import LocalCluster
 from tests.integration.conftest import wait_for
 from tests.integration.rewind import SETTINGS, last_index, rewind_every_node
 from tests.integration.test_restart_all import kill_all_at_once

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from chronomq.cluster.client import Client, ClientError
+from chronomq.cluster.cli.client import Client, ClientError
 from tests.integration.conftest import pull_applied, wait_for
 
 pytestmark = pytest.mark.integration

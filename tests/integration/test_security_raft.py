@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster.client import Client
-from chronomq.cluster.launcher import SECRET_FILE, LocalCluster
+from chronomq.cluster.cli.client import Client
+from chronomq.cluster.process.launcher import SECRET_FILE, LocalCluster
 from chronomq.raftlog import wireproto
 from chronomq.raftlog.wireproto import Handshake, HandshakeRefused, Role, Session
 from tests.integration.conftest import wait_for

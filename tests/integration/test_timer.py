@@ -16,8 +16,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from chronomq.cluster.client import Client
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.cli.client import Client
+from chronomq.cluster.process.launcher import LocalCluster
 from chronomq.ops.stats import percentile
 from tests.integration.conftest import dump_logs, wait_for
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster.client import Client, ClientError
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.cli.client import Client, ClientError
+from chronomq.cluster.process.launcher import LocalCluster
 from chronomq.timer.checkpoint import TIMERLOG_DIR
 from tests.integration.conftest import wait_for
 from tests.integration.test_restart_all import (

@@ -309,8 +309,8 @@ def test_retention_keeps_held_messages_and_unread_cks(make: Any) -> None:
 
 
 def test_producers_may_not_write_to_the_revive_topic() -> None:
-    from chronomq.cluster import reserved
-    from chronomq.cluster.errors import ApiError
+    from chronomq.cluster.node import reserved
+    from chronomq.cluster.node.errors import ApiError
 
     with pytest.raises(ApiError) as info:
         reserved.check_user_topic(REVIVE_TOPIC)
