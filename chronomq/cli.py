@@ -8,8 +8,8 @@ import argparse
 from typing import Any
 
 from chronomq.cluster.cli.commands import build_parser as build_node_parser
-from chronomq.cluster.cli.commands import example_epilog, paragraph
 from chronomq.cluster.cli.commands import main as node_main
+from chronomq.cluster.cli.output import example_epilog, paragraph
 from chronomq.ops.bench_grpc import register as register_bench_grpc
 from chronomq.ops.bench_models import register as register_bench_models
 from chronomq.ops.bench_produce import register as register_bench_produce

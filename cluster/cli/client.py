@@ -27,6 +27,7 @@ import yarl
 
 from chronomq._wire import path as _path
 from chronomq._wire import query as _query
+from chronomq.cluster.logs.schema import consumed_line
 
 if TYPE_CHECKING:
     from chronomq.cluster.logs.writer import LogWriter, WriterStats
@@ -52,10 +53,6 @@ def _retry_after_s(value: str | None) -> float:
         return 0.0
 
 
-TIMER_OUT_MS = "TIMER_OUT_MS"
-"""Property of a timer message: its deliver time (kept on the delivered message)."""
-REAL_TOPIC = "REAL_TOPIC"
-"""Property of a delayed message: the topic it waited for (kept on the delivered message)."""
 _log_names = itertools.count()
 
 
@@ -381,38 +378,6 @@ class BatchingProducer:
     async def flush(self) -> None:
         while self._pending:
             await self._flush()
-
-
-def consumed_line(message: Mapping[str, Any], topic: str, consumed_ms: int, node: str) -> bytes:
-    """The ``latency`` line (stage ``consumed``) of one message as pulled (see cluster.logs.schema).
-
-    The client knows less than the broker: a timer message says when it was due
-    (``TIMER_OUT_MS``), so it is logged as kind ``timer`` with that ``due_ms``; anything else as
-    ``plain``, since a delivered delay-level message no longer says its level. The report takes
-    the kind, level, store and due times of each message from the broker's ``stored`` line
-    (joining by ``msg_id``, keeping the most specific kind and the earliest times); ``store_ms``
-    is only given for a message that never waited, as a delivered one was stored again.
-    """
-    from chronomq.cluster.logs.schema import MessageKind, Stage, latency_line
-
-    props = message.get("properties") or {}
-    due = props.get(TIMER_OUT_MS)
-    if isinstance(due, str) and due.isascii() and due.isdigit():
-        kind, due_ms, store_ms = MessageKind.TIMER.value, int(due), None
-    else:
-        kind, due_ms = MessageKind.PLAIN.value, None
-        waited = REAL_TOPIC in props or due is not None
-        store_ms = None if waited else message.get("store_ms")
-    return latency_line(
-        str(message["msg_id"]),
-        topic,
-        kind,
-        Stage.CONSUMED.value,
-        node,
-        store_ms=store_ms,
-        due_ms=due_ms,
-        consumed_ms=consumed_ms,
-    )
 
 
 class ConsumedLog:

@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
 import textwrap
 import time
 from collections.abc import Callable
 from typing import Any
+
+from chronomq.cluster.cli.connect import add_client_arguments, client_call
+from chronomq.cluster.cli.output import example_epilog, paragraph, print_table
 
 EXAMPLES = textwrap.dedent(
     """\
@@ -31,39 +33,6 @@ EXAMPLES = textwrap.dedent(
     Every command has its own --help with examples.
     """
 )
-
-
-def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    widths = {
-        c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) if rows else len(c) for c in columns
-    }
-    lines = ["  ".join(c.upper().ljust(widths[c]) for c in columns)]
-    for r in rows:
-        lines.append("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns))
-    return "\n".join(lines)
-
-
-def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
-    print(_table(rows, columns))
-
-
-def add_client_arguments(p: argparse.ArgumentParser) -> None:
-    """``--url``, ``--ca-file`` and ``--json``, for every command that talks to a running cluster."""
-    p.add_argument(
-        "--url",
-        default=os.environ.get("CHRONOMQ_URL", "http://127.0.0.1:8080"),
-        help="one or more node URLs, comma-separated; the next is tried when one does not "
-        "answer (default $CHRONOMQ_URL or http://127.0.0.1:8080)",
-    )
-    p.add_argument(
-        "--ca-file",
-        dest="ca_file",
-        default=os.environ.get("CHRONOMQ_TLS_CA_FILE") or None,
-        metavar="PEM",
-        help="certificates to check https node URLs against instead of the system's "
-        "(default $CHRONOMQ_TLS_CA_FILE). The bearer token comes from $CHRONOMQ_AUTH_TOKEN",
-    )
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 # ---------------------------------------------------------------------- node and cluster
@@ -146,26 +115,8 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------- client commands
 
 
-def client_token() -> str | None:
-    """The bearer token client commands send: ``$CHRONOMQ_AUTH_TOKEN`` (never an argument,
-    where `ps` would show it)."""
-    return os.environ.get("CHRONOMQ_AUTH_TOKEN") or None
-
-
-def _client_call(args: argparse.Namespace, fn: Any) -> Any:
-    import asyncio
-
-    from chronomq.cluster.cli.client import Client
-
-    async def go() -> Any:
-        async with Client(args.url.split(","), token=client_token(), ca_file=args.ca_file) as c:
-            return await fn(c)
-
-    return asyncio.run(go())
-
-
 def cmd_status(args: argparse.Namespace) -> int:
-    view = _client_call(args, lambda c: c.cluster())
+    view = client_call(args, lambda c: c.cluster())
     if args.json:
         print(json.dumps(view, indent=2))
         return 0
@@ -203,7 +154,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
-    data = _client_call(args, lambda c: c.topics())
+    data = client_call(args, lambda c: c.topics())
     if args.json:
         print(json.dumps(data, indent=2))
     else:
@@ -221,7 +172,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
         v = getattr(args, name)
         if v is not None:
             msg[name] = v
-    data = _client_call(args, lambda c: c.produce(args.topic, [msg] * args.count))
+    data = client_call(args, lambda c: c.produce(args.topic, [msg] * args.count))
     if args.json:
         print(json.dumps(data, indent=2))
     else:
@@ -231,7 +182,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
-    data = _client_call(
+    data = client_call(
         args, lambda c: c.pull(args.topic, args.queue, args.offset, args.max, args.wait_ms)
     )
     if args.latency_log:
@@ -250,15 +201,15 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
 def cmd_admin(args: argparse.Namespace) -> int:
     if args.admin_cmd == "config":
-        data = _client_call(args, lambda c: c.admin_config())
+        data = client_call(args, lambda c: c.admin_config())
     elif args.admin_cmd == "set":
         from chronomq.cluster.process.launcher import parse_sets
 
-        data = _client_call(args, lambda c: c.patch_config(parse_sets(args.pairs)))
+        data = client_call(args, lambda c: c.patch_config(parse_sets(args.pairs)))
     elif args.admin_cmd == "transfer":
-        data = _client_call(args, lambda c: c.transfer_leadership(args.to, args.timeout_ms))
+        data = client_call(args, lambda c: c.transfer_leadership(args.to, args.timeout_ms))
     else:
-        data = _client_call(args, lambda c: c.cluster())
+        data = client_call(args, lambda c: c.cluster())
     print(json.dumps(data, indent=2))
     return 0
 
@@ -297,19 +248,6 @@ def add_reference_command(
     where.add_argument("--write", metavar="FILE", help="replace the reference inside FILE")
     where.add_argument("--check", metavar="FILE", help="exit 1 if FILE's reference is stale")
     parser.set_defaults(func=cmd_reference, doc_module=doc_module)
-
-
-def paragraph(text: str) -> str:
-    """A description wrapped for --help: the raw formatter, which keeps an epilog's examples
-    as written, does not wrap descriptions either."""
-    return textwrap.fill(text, 88)
-
-
-def example_epilog(*lines: str) -> str:
-    """An epilog listing example command lines."""
-    return ("examples:\n" if len(lines) > 1 else "example:\n") + "".join(
-        f"  {line}\n" for line in lines
-    )
 
 
 def package_version() -> str:

@@ -10,29 +10,22 @@ import argparse
 import json
 from typing import Any
 
-from chronomq.cluster.cli.output import print_rows
-
-
-def _call(args: argparse.Namespace, fn: Any) -> Any:
-    from chronomq.cluster.cli.commands import _client_call
-
-    return _client_call(args, fn)
+from chronomq.cluster.cli.connect import add_client_arguments, client_call
+from chronomq.cluster.cli.output import example_epilog, paragraph, print_rows, print_table
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    answers = [_call(args, lambda c, m=m: c.cancel_timer(m)) for m in args.msg_ids]
+    answers = [client_call(args, lambda c, m=m: c.cancel_timer(m)) for m in args.msg_ids]
     if args.json:
         print(json.dumps(answers, indent=2))
     else:
-        from chronomq.cluster.cli.commands import print_table
-
         print_table(answers, ["msg_id", "status", "deliver_ms", "reason"])
     # 0 when every message is cancelled: scripts can tell a cancel that came too late.
     return 0 if all(a["status"] == "cancelled" for a in answers) else 3
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    data = _call(args, lambda c: c.timer_status(args.url.split(",")[0]))
+    data = client_call(args, lambda c: c.timer_status(args.url.split(",")[0]))
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
@@ -63,14 +56,12 @@ def cmd_switch(args: argparse.Namespace) -> int:
         "stop_enqueue": stop if (args.enqueue or both) else None,
         "stop_dequeue": stop if (args.dequeue or both) else None,
     }
-    data = _call(args, lambda c: c.timer_switches(**changes))
+    data = client_call(args, lambda c: c.timer_switches(**changes))
     print(json.dumps(data["switches"]))
     return 0
 
 
 def register(sub: Any) -> None:
-    from chronomq.cluster.cli.commands import add_client_arguments, example_epilog, paragraph
-
     tp = sub.add_parser(
         "timer",
         help="timer messages: cancel, status, stop/start delivery",

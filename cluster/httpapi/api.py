@@ -10,10 +10,9 @@ needs the bearer token (:mod:`chronomq.cluster.node.auth`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import aiohttp
@@ -32,16 +31,39 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from chronomq.cluster.config.nodeconfig import ConfigError, host_port_problem, http_url_problem
+from chronomq.cluster.config.nodeconfig import (
+    ConfigError,
+    Peer,
+    host_port_problem,
+    http_url_problem,
+)
+from chronomq.cluster.httpapi import api_console, api_lookup, api_pop, api_schedule, api_timer
+from chronomq.cluster.httpapi.base import (
+    BROKER,
+    CONFIG_HOOKS,
+    CONNECTIONS,
+    METRICS,
+    RUNTIME_CONFIG,
+    client_gone,
+    forward_to_leader,
+    int_param,
+    json_response,
+    path_int,
+    read_json,
+)
 from chronomq.cluster.httpapi.httpconn import ConnectionGuard, HttpLimits
+from chronomq.cluster.httpapi.openapi import spec
 from chronomq.cluster.logs import stdlog as logs
-from chronomq.cluster.node import models, reserved
+from chronomq.cluster.node import models, reserved, runtimeconfig
 from chronomq.cluster.node.auth import auth_middleware
 from chronomq.cluster.node.broker import Broker
+from chronomq.cluster.node.disk import install_metrics as install_disk_metrics
 from chronomq.cluster.node.errors import ApiError, bad_request, from_exception
 from chronomq.cluster.node.metrics import GroupLagCollector, RaftCollector
-from chronomq.cluster.node.runtimeconfig import RuntimeConfig
+from chronomq.cluster.node.runtimeconfig import RUNTIME_KEYS, RuntimeConfig
+from chronomq.pop import install_metrics as install_pop_metrics
 from chronomq.raftlog import record
+from chronomq.raftlog.record import validate_topic
 from chronomq.raftlog.removal import SIGNATURE_HEADER
 from chronomq.raftlog.transfer import TransferResult
 from chronomq.raftlog.transfer_driver import (
@@ -52,12 +74,7 @@ from chronomq.raftlog.transfer_driver import (
 
 log = logging.getLogger(__name__)
 
-BROKER: web.AppKey[Broker] = web.AppKey("broker", Broker)
-METRICS: web.AppKey[Metrics] = web.AppKey("metrics", object)  # type: ignore[arg-type]
-CONNECTIONS: web.AppKey[ConnectionGuard] = web.AppKey("connections", ConnectionGuard)
-
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_FORWARD_HEADERS = ("Idempotency-Key", "Content-Type")
 
 
 class Metrics:
@@ -260,101 +277,6 @@ class _MembershipCollector:
             yield CounterMetricFamily(f"chronomq_raft_{name}", what, value=value)
 
 
-# ---------------------------------------------------------------------- helpers
-
-
-def json_response(
-    data: Any, status: int = 200, headers: dict[str, str] | None = None
-) -> web.Response:
-    return web.Response(
-        body=orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE),
-        status=status,
-        content_type="application/json",
-        headers=headers,
-    )
-
-
-async def read_json(request: web.Request) -> Any:
-    raw = await request.read()
-    if not raw:
-        raise bad_request("the request body is empty; a JSON object is required", "body")
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise bad_request(f"the body is not valid JSON: {exc}", "body", "invalid_json") from None
-
-
-def int_param(request: web.Request, name: str, default: int | None, lo: int, hi: int) -> int:
-    raw = request.query.get(name)
-    if raw is None:
-        if default is None:
-            raise bad_request(f"query parameter {name} is required", name)
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise bad_request(f"{name} must be an integer, got {raw!r}", name) from None
-    if not lo <= value <= hi:
-        raise bad_request(f"{name} must be between {lo} and {hi}, got {value}", name)
-    return value
-
-
-def path_int(request: web.Request, name: str) -> int:
-    raw = request.match_info[name]
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
-        raise bad_request(f"{name} must be a non-negative integer, got {raw!r}", name)
-    return int(raw)
-
-
-async def forward_to_leader(
-    request: web.Request, timeout_s: float | None = None
-) -> web.Response | None:
-    """On a follower, send a write to the leader and relay its answer; None on the leader.
-    ``timeout_s``: how long the leader may take (default: the commit timeout and 5 s)."""
-    broker = request.app[BROKER]
-    if broker.raftlog.is_leader:
-        return None
-    leader = broker.leader_url()
-    if (
-        leader is None
-        or leader == broker.config.http_url
-        or request.headers.get("X-Chronomq-Forwarded")
-    ):
-        raise ApiError(
-            503, "no_leader", "no leader is known yet; retry shortly", None, {"Retry-After": "1"}
-        )
-    headers = {h: request.headers[h] for h in _FORWARD_HEADERS if h in request.headers}
-    headers["X-Chronomq-Forwarded"] = broker.config.http_url
-    body = await request.read()
-    try:
-        async with broker.peer_client.request(
-            request.method,
-            f"{leader}{request.rel_url}",
-            data=body,
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(
-                total=timeout_s
-                if timeout_s is not None
-                else broker.config.commit_timeout_ms / 1000 + 5
-            ),
-        ) as r:
-            payload = await r.read()
-            out_headers = {"X-Chronomq-Leader": leader}
-            if "Retry-After" in r.headers:
-                out_headers["Retry-After"] = r.headers["Retry-After"]
-            return web.Response(
-                body=payload, status=r.status, content_type="application/json", headers=out_headers
-            )
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise ApiError(
-            503,
-            "leader_unreachable",
-            f"the leader at {leader} did not answer: {exc}",
-            None,
-            {"Retry-After": "1"},
-        ) from None
-
-
 # ---------------------------------------------------------------------- data plane
 
 
@@ -398,35 +320,6 @@ async def pull(request: web.Request) -> web.Response:
         )
     request.app[METRICS].consumed.inc(len(page.messages))
     return web.Response(body=page.answer(max_offset), content_type="application/json")
-
-
-@contextlib.asynccontextmanager
-async def client_gone(
-    request: web.Request, wait_ms: int
-) -> AsyncIterator[asyncio.Future[None] | None]:
-    """A future resolved when the client of a long-poll goes away. The connection guard
-    knows at once; under a server without it (tests) the transport is looked at twice a
-    second."""
-    if not wait_ms:
-        yield None
-        return
-    gone = request.app[CONNECTIONS].gone(request)
-    if gone is not None:
-        yield gone
-        return
-    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    async def watch() -> None:
-        while request.transport is not None and not request.transport.is_closing():
-            await asyncio.sleep(0.5)
-        fut.set_result(None)
-
-    task = asyncio.create_task(watch())
-    try:
-        yield fut
-    finally:
-        task.cancel()
-        fut.cancel()
 
 
 async def describe_topic(request: web.Request) -> web.Response:
@@ -495,8 +388,6 @@ async def put_offset(request: web.Request) -> web.Response:
     topic, queue, offset = body.topic, body.queue, body.offset
     broker.queue_count(topic)  # 404 for an unknown topic
     broker.check_queue(topic, queue)
-    from chronomq.raftlog.record import validate_topic
-
     validate_topic(group, "group")
     await broker.commit_offset(group, topic, queue, offset)
     return json_response({"group": group, "topic": topic, "queue": queue, "offset": offset})
@@ -531,8 +422,6 @@ async def admin_digest(request: web.Request) -> web.Response:
 
 
 def _config_view(request: web.Request) -> dict[str, Any]:
-    from chronomq.cluster.node.runtimeconfig import RUNTIME_KEYS
-
     runtime = request.app[RUNTIME_CONFIG]
     return {
         "config": request.app[BROKER].config.masked(),
@@ -550,8 +439,6 @@ async def admin_config(request: web.Request) -> web.Response:
 async def admin_config_patch(request: web.Request) -> web.Response:
     """Change runtime keys cluster-wide: validated here, committed by the leader (one kv update,
     and the timer's switch command for its keys), answered once applied on this node."""
-    from chronomq.cluster.node import runtimeconfig
-
     broker = request.app[BROKER]
     changes = runtimeconfig.validate(await read_json(request))
     forwarded = await forward_to_leader(request)
@@ -606,11 +493,6 @@ async def _applied_here(
         },
         headers={k: v for k, v in forwarded.headers.items() if k == "X-Chronomq-Leader"},
     )
-
-
-CONFIG_HOOKS: web.AppKey[list[Callable[[dict[str, Any]], None]]] = web.AppKey("config_hooks", list)
-"""Run on every node with ``{key: new value}`` when the effective runtime config changes."""
-RUNTIME_CONFIG: web.AppKey[RuntimeConfig] = web.AppKey("runtime_config", RuntimeConfig)
 
 
 async def leadership_transfer(request: web.Request) -> web.Response:
@@ -683,8 +565,6 @@ async def add_member(request: web.Request) -> web.Response:
     forwarded = await forward_to_leader(request)
     if forwarded is not None:
         return forwarded
-    from chronomq.cluster.config.nodeconfig import Peer
-
     body = models.decode(await request.read(), models.AddMember)
     pid, raft, http = body.id, body.raft, body.http
     problem = host_port_problem(raft)
@@ -748,8 +628,6 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    from chronomq.cluster.httpapi.openapi import spec
-
     config = request.app[BROKER].config
     return json_response(spec(config.metrics_public, auth_required=bool(config.auth_token)))
 
@@ -784,8 +662,6 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/readyz", readyz)
     r.add_get("/metrics", metrics)
     r.add_get("/openapi.json", openapi)
-    from chronomq.cluster.httpapi import api_console, api_lookup, api_pop, api_schedule, api_timer
-
     api_schedule.add_routes(app)
     api_timer.add_routes(app)
     api_pop.add_routes(app)
@@ -830,17 +706,11 @@ def create_app(broker: Broker) -> web.Application:
 
     app.cleanup_ctx.append(broker_ctx)
     add_routes(app)
-    from chronomq.cluster.httpapi import api_schedule, api_timer
-
     api_schedule.install_metrics(app)
     api_timer.install_metrics(app)
     if broker.disk is not None:
-        from chronomq.cluster.node.disk import install_metrics as install_disk_metrics
-
         metrics = app[METRICS]
         install_disk_metrics(metrics.registry, metrics.collectors, broker.disk)
     if broker.pop is not None:
-        from chronomq.pop import install_metrics as install_pop_metrics
-
         install_pop_metrics(app[METRICS].registry, app[METRICS].collectors, broker.pop)
     return app

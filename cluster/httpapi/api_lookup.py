@@ -11,8 +11,10 @@ from typing import Any
 
 from aiohttp import web
 
+from chronomq.cluster.httpapi.base import BROKER, int_param, json_response
 from chronomq.cluster.node.errors import ApiError, bad_request
 from chronomq.cluster.node.lookup import MAX_KEY_RESULTS, Finder, SearchExhausted, lookup_errors
+from chronomq.cluster.node.offsets import GROUP_OFFSET_PREFIX
 from chronomq.raftlog import record
 from chronomq.schedule.retry import DLQ_TOPIC_PREFIX, RETRY_TOPIC_PREFIX
 
@@ -123,8 +125,6 @@ ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
 
 
 def _finder(request: web.Request) -> Finder:
-    from chronomq.cluster.httpapi.api import BROKER
-
     broker = request.app[BROKER]
     schedule, timer = broker.schedule, broker.timer
     return Finder(
@@ -155,8 +155,6 @@ async def _search(request: web.Request, fn: Any, *args: Any) -> Any:
 
 
 async def get_message(request: web.Request) -> web.Response:
-    from chronomq.cluster.httpapi.api import BROKER, json_response
-
     msg_id = record.parse_msg_id(request.match_info["msg_id"], "msg_id")
     topic = request.query.get("topic") or None
     if topic is not None:
@@ -175,8 +173,6 @@ async def get_message(request: web.Request) -> web.Response:
 
 
 async def messages_by_key(request: web.Request) -> web.Response:
-    from chronomq.cluster.httpapi.api import BROKER, int_param, json_response
-
     topic = request.match_info["topic"]
     request.app[BROKER].queue_count(topic)  # 404 unknown_topic
     key = request.query.get("key")
@@ -194,9 +190,6 @@ def _side(topics: dict[str, list[int]], name: str) -> dict[str, Any]:
 
 
 async def list_groups(request: web.Request) -> web.Response:
-    from chronomq.cluster.httpapi.api import BROKER, int_param, json_response
-    from chronomq.cluster.node.broker import GROUP_OFFSET_PREFIX
-
     broker = request.app[BROKER]
     cap = broker.config.max_topics_listed
     limit = int_param(request, "limit", cap, 1, cap)

@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from chronomq.cluster.httpapi.base import BROKER, METRICS, forward_to_leader, json_response
 from chronomq.cluster.node import models
 from chronomq.cluster.node.errors import ApiError, bad_request
 
@@ -96,8 +97,6 @@ ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
 
 
 def _service(request: web.Request) -> Any:
-    from chronomq.cluster.httpapi.api import BROKER
-
     service = request.app[BROKER].schedule
     if service is None:
         raise ApiError(503, "schedule_unavailable", "the schedule service is not running", None)
@@ -105,14 +104,10 @@ def _service(request: web.Request) -> Any:
 
 
 async def get_schedule(request: web.Request) -> web.Response:
-    from chronomq.cluster.httpapi.api import json_response
-
     return json_response(_service(request).stats())
 
 
 async def patch_schedule(request: web.Request) -> web.Response:
-    from chronomq.cluster.httpapi.api import BROKER, forward_to_leader, json_response
-
     forwarded = await forward_to_leader(request)
     if forwarded is not None:
         return forwarded
@@ -126,8 +121,6 @@ async def patch_schedule(request: web.Request) -> web.Response:
 
 
 async def retry(request: web.Request) -> web.Response:
-    from chronomq.cluster.httpapi.api import BROKER, forward_to_leader, json_response
-
     forwarded = await forward_to_leader(request)
     if forwarded is not None:
         return forwarded
@@ -173,8 +166,6 @@ class _ScheduleCollector:
         self._app = app
 
     def collect(self) -> Iterator[Metric]:
-        from chronomq.cluster.httpapi.api import BROKER
-
         service = self._app[BROKER].schedule
         if service is None:
             return
@@ -233,6 +224,4 @@ class _ScheduleCollector:
 
 def install_metrics(app: web.Application) -> None:
     """The schedule's metrics on the app's registry, read on every scrape of ``/metrics``."""
-    from chronomq.cluster.httpapi.api import METRICS
-
     app[METRICS].registry.register(_ScheduleCollector(app))

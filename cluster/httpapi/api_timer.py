@@ -17,6 +17,13 @@ import msgspec
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from chronomq.cluster.httpapi.base import (
+    BROKER,
+    METRICS,
+    forward_to_leader,
+    int_param,
+    json_response,
+)
 from chronomq.cluster.node import models
 from chronomq.cluster.node.errors import ApiError, bad_request
 from chronomq.timer.errors import TimerStateError
@@ -102,8 +109,6 @@ ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
 
 
 def _service(request: web.Request) -> Any:
-    from chronomq.cluster.httpapi.api import BROKER
-
     service = request.app[BROKER].timer
     if service is None:
         raise ApiError(503, "timer_unavailable", "the timer service is not running on this node")
@@ -111,8 +116,6 @@ def _service(request: web.Request) -> Any:
 
 
 async def cancel_timer(request: web.Request) -> web.Response:
-    from chronomq.cluster.httpapi.api import forward_to_leader, json_response
-
     forwarded = await forward_to_leader(request)
     if forwarded is not None:
         return forwarded
@@ -120,14 +123,10 @@ async def cancel_timer(request: web.Request) -> web.Response:
 
 
 async def timer_admin(request: web.Request) -> web.Response:
-    from chronomq.cluster.httpapi.api import json_response
-
     return json_response(_service(request).stats())
 
 
 async def timer_histogram(request: web.Request) -> web.Response:
-    from chronomq.cluster.httpapi.api import int_param, json_response
-
     minutes = int_param(request, "minutes", 60, 1, 60)
     buckets = int_param(request, "buckets", 60, 1, 120)
     service = _service(request)
@@ -148,8 +147,6 @@ def _switch_changes(raw: bytes) -> dict[str, bool]:
 
 
 async def timer_switches(request: web.Request) -> web.Response:
-    from chronomq.cluster.httpapi.api import forward_to_leader, json_response
-
     forwarded = await forward_to_leader(request)
     if forwarded is not None:
         return forwarded
@@ -199,8 +196,6 @@ class _TimerCollector:
         self._app = app
 
     def collect(self) -> Iterator[Metric]:
-        from chronomq.cluster.httpapi.api import BROKER
-
         service = self._app[BROKER].timer
         if service is None:
             return
@@ -263,6 +258,4 @@ def install_metrics(app: web.Application) -> None:
     """Add the service's Prometheus metrics to the app's registry. (``timer_stop_enqueue`` and
     ``timer_stop_dequeue`` in ``PATCH /v1/admin/config`` are these switches:
     :mod:`chronomq.cluster.node.runtimeconfig`.)"""
-    from chronomq.cluster.httpapi.api import METRICS
-
     app[METRICS].registry.register(_TimerCollector(app))

@@ -47,6 +47,7 @@ from chronomq.cluster.logs.schema import (
     RecordType,
     ReplicationRecord,
     Stage,
+    consumed_line,
     encode,
     latency_line,
 )
@@ -276,8 +277,6 @@ class NodeLogs:
         them, each a message as a pull answers it (event loop; O(1) here)."""
         if not self.writer.config.enabled or not messages:
             return
-        from chronomq.cluster.cli.client import consumed_line
-
         node = self.node
 
         def render(m: Mapping[str, Any]) -> bytes:

@@ -53,6 +53,8 @@ from typing import Any, ClassVar, TypeAlias
 
 import orjson
 
+from chronomq.timer.message import REAL_TOPIC, TIMER_OUT_MS
+
 SCHEMA_VERSION = 1
 """Version written by this code, and the newest one it reads."""
 
@@ -425,3 +427,33 @@ def decode(line: bytes | str, expect: RecordType | None = None) -> Record:
         raise CorruptLine(str(exc), exc.field) from None
     except TypeError as exc:  # a required field is missing altogether
         raise CorruptLine(f"missing field: {exc}") from None
+
+
+def consumed_line(message: Mapping[str, Any], topic: str, consumed_ms: int, node: str) -> bytes:
+    """The ``latency`` line (stage ``consumed``) of one message as pulled (see :func:`latency_line`).
+
+    The client knows less than the broker: a timer message says when it was due
+    (``TIMER_OUT_MS``), so it is logged as kind ``timer`` with that ``due_ms``; anything else as
+    ``plain``, since a delivered delay-level message no longer says its level. The report takes
+    the kind, level, store and due times of each message from the broker's ``stored`` line
+    (joining by ``msg_id``, keeping the most specific kind and the earliest times); ``store_ms``
+    is only given for a message that never waited, as a delivered one was stored again.
+    """
+    props = message.get("properties") or {}
+    due = props.get(TIMER_OUT_MS)
+    if isinstance(due, str) and due.isascii() and due.isdigit():
+        kind, due_ms, store_ms = MessageKind.TIMER.value, int(due), None
+    else:
+        kind, due_ms = MessageKind.PLAIN.value, None
+        waited = REAL_TOPIC in props or due is not None
+        store_ms = None if waited else message.get("store_ms")
+    return latency_line(
+        str(message["msg_id"]),
+        topic,
+        kind,
+        Stage.CONSUMED.value,
+        node,
+        store_ms=store_ms,
+        due_ms=due_ms,
+        consumed_ms=consumed_ms,
+    )

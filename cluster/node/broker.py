@@ -27,6 +27,7 @@ from chronomq.cluster.node import idempotency, membership, models, reserved
 from chronomq.cluster.node.errors import ApiError, bad_request
 from chronomq.cluster.node.metrics import DeliveryLateness
 from chronomq.cluster.node.models import MessageIn, ProduceRequest
+from chronomq.cluster.node.offsets import GROUP_OFFSET_PREFIX, group_offset_key
 from chronomq.cluster.node.peerhttp import PeerHttp
 from chronomq.cluster.node.pull import (
     INLINE_READ_BYTES,
@@ -49,14 +50,9 @@ from chronomq.schedule.levels import SCHEDULE_TOPIC, DelayLevelTable
 log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
-GROUP_OFFSET_PREFIX = "go/"
 MEMBER_PREFIX = "member/"
 REMOVED = "removed"
 _DELAY_FIELDS = ("delay_level", "delay_ms", "deliver_at_ms")
-
-
-def group_offset_key(group: str, topic: str, queue: int) -> str:
-    return f"{GROUP_OFFSET_PREFIX}{group}/{topic}/{queue}"
 
 
 def _member(pid: int, value: str) -> Peer:

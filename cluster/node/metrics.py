@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Final
 from prometheus_client import Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from chronomq.cluster.node.offsets import GROUP_OFFSET_PREFIX
+
 if TYPE_CHECKING:
     from chronomq.cluster.node.broker import Broker
 
@@ -153,8 +155,6 @@ class GroupLagCollector:
             yield group, topic, queue, st.cursor - st.held
 
     def collect(self) -> Iterator[Metric]:
-        from chronomq.cluster.node.broker import GROUP_OFFSET_PREFIX
-
         store = self._broker.raftlog.store
         lags = group_lags(
             list(store.kv.items()), self._pop_queues(), store.max_offset, GROUP_OFFSET_PREFIX

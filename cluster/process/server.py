@@ -20,7 +20,8 @@ import orjson
 from aiohttp import web
 
 from chronomq.cluster.config.nodeconfig import ConfigError, NodeConfig, load, warn_renamed
-from chronomq.cluster.httpapi.api import CONFIG_HOOKS, CONNECTIONS, METRICS, create_app
+from chronomq.cluster.httpapi.api import create_app
+from chronomq.cluster.httpapi.base import CONFIG_HOOKS, CONNECTIONS, METRICS
 from chronomq.cluster.httpapi.httpconn import GuardedSite
 from chronomq.cluster.logs import stdlog as logs
 from chronomq.cluster.logs.nodelogs import NodeLogs

@@ -1,7 +1,7 @@
 """Pop consumption over gRPC: ``ReceiveMessage``, ``AckMessage``, ``ChangeInvisibleDuration``,
 ``ForwardMessageToDeadLetterQueue`` (what ``SimpleConsumer`` and ``PushConsumer`` use).
 
-Each call is one write of :mod:`chronomq.cluster.httpapi.api_pop` on the leader (a follower forwards it to the
+Each call is one write of :mod:`chronomq.cluster.node.popcalls` on the leader (a follower forwards it to the
 leader's ``/v1/groups/{group}/...`` routes, as a send is forwarded), so pop state is replicated
 and a receipt handle from before a failover still acks on the new leader.
 
@@ -40,10 +40,9 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
-from chronomq.cluster.httpapi import api_pop
-from chronomq.cluster.httpapi.api_pop import ReceiveArgs
-from chronomq.cluster.node import models, reserved
+from chronomq.cluster.node import models, popcalls, reserved
 from chronomq.cluster.node.errors import ApiError, bad_request
+from chronomq.cluster.node.popcalls import ReceiveArgs
 from chronomq.cluster.rocketmq import codes, convert
 from chronomq.cluster.rocketmq.autorenew import (
     MAX_FORWARDS_IN_FLIGHT,
@@ -197,7 +196,7 @@ def receive_args(
 
 
 def message_pb(m: dict[str, Any], endpoint_host: str = "") -> pb.Message:
-    """A message for the client: received by pop (as :func:`chronomq.cluster.httpapi.api_pop.popped_json`
+    """A message for the client: received by pop (as :func:`chronomq.cluster.httpapi.popcalls.popped_json`
     gives it, with its receipt handle, attempt and invisible time) or pulled by offset (as
     :func:`chronomq.cluster.node.pull.message_json` gives it: no receipt handle, and the attempt is
     ``reconsume_times + 1``, as the RocketMQ proxy answers a pull)."""
@@ -279,10 +278,10 @@ class ConsumeRpcs(ServicerBase):
         retry: an unknown outcome is tried again when next due."""
         broker = self.broker
         if broker.raftlog.is_leader:
-            results = await api_pop.change_invisible_many(
+            results = await popcalls.change_invisible_many(
                 broker, [e.current for e in entries], invisible_ms
             )
-            return [_renew_answer(api_pop.change_json(r)) for r in results]
+            return [_renew_answer(popcalls.change_json(r)) for r in results]
         leader = broker.leader_url()
         if leader is None or leader == self._config.http_url:
             raise ApiError(503, "no_leader", "no leader is known yet", None)
@@ -351,8 +350,8 @@ class ConsumeRpcs(ServicerBase):
             broker = self.broker
 
             async def local() -> dict[str, Any]:
-                popped = await api_pop.receive(broker, group, args)
-                return {"messages": [api_pop.popped_json(p) for p in popped]}
+                popped = await popcalls.receive(broker, group, args)
+                return {"messages": [popcalls.popped_json(p) for p in popped]}
 
             if remaining is None:
                 budget = args.wait_ms / 1000 + self._config.commit_timeout_ms / 1000 + 5
@@ -413,7 +412,7 @@ class ConsumeRpcs(ServicerBase):
         handles = await self._hold(originals, context)
 
         async def local() -> dict[str, Any]:
-            results = await api_pop.ack(broker, group, handles)
+            results = await popcalls.ack(broker, group, handles)
             return {
                 "results": [
                     {"receipt_handle": r.receipt_handle, "status": r.status.value} for r in results
@@ -466,8 +465,8 @@ class ConsumeRpcs(ServicerBase):
         (handle,) = await self._hold([original], context)
 
         async def local() -> dict[str, Any]:
-            return api_pop.change_json(
-                await api_pop.change_invisible(broker, group, handle, invisible_ms)
+            return popcalls.change_json(
+                await popcalls.change_invisible(broker, group, handle, invisible_ms)
             )
 
         try:
@@ -499,7 +498,7 @@ class ConsumeRpcs(ServicerBase):
         (handle,) = await self._hold([original], context)
 
         async def local() -> dict[str, Any]:
-            result = await api_pop.forward_to_dlq(broker, group, handle)
+            result = await popcalls.forward_to_dlq(broker, group, handle)
             return {"status": result.status.value}
 
         try:

@@ -48,8 +48,8 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
 from chronomq.cluster.node import reserved
-from chronomq.cluster.node.broker import group_offset_key
 from chronomq.cluster.node.errors import ApiError, bad_request
+from chronomq.cluster.node.offsets import group_offset_key
 from chronomq.cluster.node.pull import INLINE_READ_BYTES
 from chronomq.cluster.rocketmq import codes
 from chronomq.cluster.rocketmq.consume import check_group, duration_ms, message_pb, tags_of

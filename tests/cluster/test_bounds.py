@@ -317,7 +317,7 @@ async def test_a_long_poll_ends_when_its_client_goes_away(
     store.gate.set()
     app = _app(tmp_path, store)
     client = await aiohttp_client(app)
-    from chronomq.cluster.httpapi.api import BROKER
+    from chronomq.cluster.httpapi.base import BROKER
 
     broker = app[BROKER]
     poll = asyncio.create_task(client.get("/v1/topics/t/queues/0/messages?wait_ms=30000"))
