@@ -7,22 +7,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 
 from chronomq.cluster.httpapi.httpconn import ConnectionGuard
+from chronomq.cluster.httpapi.metrics import Metrics
 from chronomq.cluster.node.broker import Broker
 from chronomq.cluster.node.errors import ApiError, bad_request
 from chronomq.cluster.node.runtimeconfig import RuntimeConfig
 
-if TYPE_CHECKING:
-    from chronomq.cluster.httpapi.api import Metrics
-
 BROKER: web.AppKey[Broker] = web.AppKey("broker", Broker)
-METRICS: web.AppKey[Metrics] = web.AppKey("metrics", object)  # type: ignore[arg-type]
+METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 CONNECTIONS: web.AppKey[ConnectionGuard] = web.AppKey("connections", ConnectionGuard)
 CONFIG_HOOKS: web.AppKey[list[Callable[[dict[str, Any]], None]]] = web.AppKey("config_hooks", list)
 """Run on every node with ``{key: new value}`` when the effective runtime config changes."""
