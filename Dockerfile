@@ -15,6 +15,7 @@ COPY .ci/constraints.txt ./constraints.txt
 COPY raftlog ./raftlog
 COPY schedule ./schedule
 COPY timer ./timer
+COPY pop ./pop
 COPY cluster ./cluster
 COPY ops ./ops
 COPY chronomq ./chronomq

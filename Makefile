@@ -24,8 +24,8 @@ run: $(STAMP)
 	$(BIN)/chronomq cluster up --nodes 3 --http-port 8080 --raft-port 9080 --data-dir ./var
 
 lint: $(STAMP)
-	$(BIN)/ruff check raftlog schedule timer cluster ops chronomq tests
-	$(BIN)/ruff format --check raftlog schedule timer cluster ops chronomq tests
+	$(BIN)/ruff check raftlog schedule timer pop cluster ops chronomq tests
+	$(BIN)/ruff format --check raftlog schedule timer pop cluster ops chronomq tests
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

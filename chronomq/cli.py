@@ -1,4 +1,4 @@
-"""The ``chronomq`` command: the node's commands (:mod:`chronomq.cluster.cli`) and the operator tools
+"""The ``chronomq`` command: the node's commands (:mod:`chronomq.cluster.cli.commands`) and the operator tools
 of :mod:`chronomq.ops` (bench, drill, report), assembled here, above both packages, so that the node
 package never imports the tooling."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from chronomq.cluster.cli import build_parser as build_node_parser
-from chronomq.cluster.cli import example_epilog, paragraph
-from chronomq.cluster.cli import main as node_main
+from chronomq.cluster.cli.commands import build_parser as build_node_parser
+from chronomq.cluster.cli.commands import main as node_main
+from chronomq.cluster.cli.output import example_epilog, paragraph
 from chronomq.ops.bench_grpc import register as register_bench_grpc
 from chronomq.ops.bench_models import register as register_bench_models
 from chronomq.ops.bench_produce import register as register_bench_produce

@@ -1,5 +1,5 @@
 import sys
 
-from chronomq.cluster.cli import main
+from chronomq.cluster.cli.commands import main
 
 sys.exit(main())

@@ -38,7 +38,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from chronomq.cluster.launcher import LocalCluster, parse_sets
+from chronomq.cluster.process.launcher import LocalCluster, parse_sets
 from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
 from chronomq.ops.benchutil import (
     cpu_figures,

@@ -6,7 +6,7 @@ this process (no cluster):
 
 - ``orjson_loads_ms``: ``orjson.loads`` of the body into dicts, what the handler paid before
   the models, ahead of any check;
-- ``decode_ms``: :func:`chronomq.cluster.models.decode` into a ``ProduceRequest`` (JSON parsing,
+- ``decode_ms``: :func:`chronomq.cluster.node.models.decode` into a ``ProduceRequest`` (JSON parsing,
   types, required and unknown fields, bounds);
 - ``parse_ms``: decode plus :meth:`Broker.parse_messages` (the checks that depend on the node
   and the NewMessages it proposes), bytes in, messages out.
@@ -24,8 +24,8 @@ from typing import Any
 
 import orjson
 
-from chronomq.cluster import models
-from chronomq.cluster.broker import Broker
+from chronomq.cluster.node import models
+from chronomq.cluster.node.broker import Broker
 from chronomq.ops.benchutil import positive, print_figures, progress
 
 

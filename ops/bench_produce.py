@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chronomq.cluster import fdbudget
-from chronomq.cluster.launcher import LocalCluster, parse_sets
+from chronomq.cluster.process import fdbudget
+from chronomq.cluster.process.launcher import LocalCluster, parse_sets
 from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
 from chronomq.ops.benchutil import (
     figure_rows,
@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 _produce_http(cluster, args.messages, args.producers, args.batch, body, topics)
             )
         else:
-            from chronomq.cluster.config import load
+            from chronomq.cluster.config.nodeconfig import load
             from chronomq.raftlog.node import RaftLog
 
             for i in range(1, args.nodes):

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from chronomq.aio import Client
-from chronomq.cluster.launcher import LocalCluster, parse_sets
+from chronomq.cluster.process.launcher import LocalCluster, parse_sets
 from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
 from chronomq.ops.benchutil import non_negative, port_base, positive, print_figures, progress
 from chronomq.ops.stats import percentile

@@ -36,8 +36,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from chronomq.cluster.launcher import LocalCluster, parse_sets
-from chronomq.cluster.stopping import take_signals
+from chronomq.cluster.process.launcher import LocalCluster, parse_sets
+from chronomq.cluster.process.stopping import take_signals
 from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
 from chronomq.ops.benchutil import (
     cpu_sample,

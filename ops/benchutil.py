@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chronomq.cluster.output import print_rows, write_json
+from chronomq.cluster.cli.output import print_rows, write_json
 
 
 def _whole(text: str, low: int, high: int | None = None) -> int:

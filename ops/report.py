@@ -1,6 +1,6 @@
 """``chronomq report``: replication and latency report of a cluster's logs, computed with PySpark.
 
-Reads every node's logs (see :mod:`chronomq.cluster.logschema`), and writes into ``--out``:
+Reads every node's logs (see :mod:`chronomq.cluster.logs.schema`), and writes into ``--out``:
 
 - ``report.html``: one self-contained page (inline SVG charts), readable offline;
 - ``summary.json``: the figures, a function of the input logs only (two runs over the same
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
 
-from chronomq.cluster.logschema import SCHEMA_VERSION, RecordType
+from chronomq.cluster.logs.schema import SCHEMA_VERSION, RecordType
 from chronomq.ops import report_tables as rt
 from chronomq.ops.report_ingest import (
     LineCounts,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from chronomq.cluster.logschema import MAX_LINE_BYTES, SCHEMA_VERSION, MessageKind, RecordType
+from chronomq.cluster.logs.schema import MAX_LINE_BYTES, SCHEMA_VERSION, MessageKind, RecordType
 from chronomq.ops.schema import spark_schema, spark_valid
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from chronomq.cluster.logschema import EventType, MessageKind
+from chronomq.cluster.logs.schema import EventType, MessageKind
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame

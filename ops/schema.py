@@ -1,5 +1,5 @@
-"""The Spark side of the structured logs (:mod:`chronomq.cluster.logschema`): the schema to parse lines
-with and the validity rules of :func:`chronomq.cluster.logschema.decode` as a Column. ``pyspark`` is
+"""The Spark side of the structured logs (:mod:`chronomq.cluster.logs.schema`): the schema to parse lines
+with and the validity rules of :func:`chronomq.cluster.logs.schema.decode` as a Column. ``pyspark`` is
 imported only here, and only when these are called."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from chronomq.cluster.logschema import _FIELDS, EventType, MessageKind, RecordType, Stage
+from chronomq.cluster.logs.schema import _FIELDS, EventType, MessageKind, RecordType, Stage
 
 if TYPE_CHECKING:
     from pyspark.sql import Column

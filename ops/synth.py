@@ -12,8 +12,8 @@ and rare 0.1-1.5 s stalls); timers have 100 ms slots and a smaller tail; node cl
 few milliseconds, so deliveries by a node whose clock is behind the storing node's can look a
 little early. 97 % of the messages are consumed, a few seconds late for 1 % of them.
 
-Lines are formatted directly (not through :mod:`chronomq.cluster.logschema` objects) for speed: 10 M latency rows
-take well under a minute. Tests decode every line with :func:`chronomq.cluster.logschema.decode`.
+Lines are formatted directly (not through :mod:`chronomq.cluster.logs.schema` objects) for speed: 10 M latency rows
+take well under a minute. Tests decode every line with :func:`chronomq.cluster.logs.schema.decode`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import orjson
 
-from chronomq.cluster.logschema import SCHEMA_VERSION, RecordType
-from chronomq.cluster.logwriter import RotatingFile
+from chronomq.cluster.logs.schema import SCHEMA_VERSION, RecordType
+from chronomq.cluster.logs.writer import RotatingFile
 
 DELAY_LEVELS_MS = tuple(
     s * 1000

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 UNIT = struct.Struct(">QIq")
 UNIT_SIZE = UNIT.size  # 20
 #: Open queue files kept by default; a node sizes it from its file-descriptor budget
-#: (:mod:`chronomq.cluster.fdbudget`).
+#: (:mod:`chronomq.cluster.process.fdbudget`).
 DEFAULT_MAX_OPEN_FILES = 512
 #: How many handles an open that fails with EMFILE/ENFILE closes before trying once more.
 _EMFILE_EVICT_FRACTION = 4

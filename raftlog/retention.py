@@ -12,7 +12,7 @@ The rules, in order:
 - a segment goes only when all its bytes lie below ``needed_offset``: the lowest offset still
   needed by a message waiting in a delay level or in the timer wheel, by a replay of the
   Raft journal from the last snapshot, or by the hash chain's last block (the caller works it
-  out, see ``cluster/disk.py``);
+  out, see ``cluster/node/disk.py``);
 - a segment goes only when it is *expired*: its last write is at least ``reserved_ms`` old
   (RocketMQ's ``fileReservedTime``);
 - below ``max_used_ratio`` at most ``batch_max`` segments go per pass (deletion is spread

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 
 
 def _session_seed() -> int:

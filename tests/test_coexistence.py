@@ -67,7 +67,7 @@ def test_the_wheel_has_one_top_level_name(wheel: Path) -> None:
     assert tops == {"chronomq"}
     for pkg in OURS:
         assert f"chronomq/{pkg}/__init__.py" in names
-    assert any(n.startswith("chronomq/cluster/console/") for n in names)  # package data
+    assert any(n.startswith("chronomq/cluster/httpapi/console/") for n in names)  # package data
 
 
 def test_pypi_schedule_and_chronomq_live_in_one_virtualenv(wheel: Path, tmp_path: Path) -> None:
@@ -86,7 +86,7 @@ def test_pypi_schedule_and_chronomq_live_in_one_virtualenv(wheel: Path, tmp_path
     (site / "zz_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
 
     code = (
-        "import schedule, chronomq, chronomq.aio, chronomq.cluster.broker;"
+        "import schedule, chronomq, chronomq.aio, chronomq.cluster.node.broker;"
         "assert callable(schedule.every), schedule.__file__;"
         "assert 'chronomq' not in schedule.__file__;"
         "assert chronomq.Producer and chronomq.Consumer and chronomq.aio.Consumer;"

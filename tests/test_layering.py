@@ -1,7 +1,15 @@
-"""The packages import one way: ``cluster -> schedule, timer -> raftlog``, with ``ops`` and the
-command line (``chronomq.cli``) above them all, every one under the ``chronomq`` name (nothing
-installs a top-level ``cluster``, ``schedule``, ``timer``, ``ops`` or ``raftlog``). Checked on
-the source, import by import."""
+"""The packages import one way, layer by layer (lowest first)::
+
+    raftlog <- schedule, timer <- pop <- cluster.config <- cluster.logs <- cluster.node
+        <- cluster.httpapi, cluster.rocketmq <- cluster.process <- cluster.cli <- ops
+        <- chronomq.cli
+
+A unit (a package, or a subpackage of ``cluster``) imports its own modules and the units of
+the layers below it, never a unit beside it or above it. The client library (``chronomq/``
+but the command line) imports only itself, and only the commands use it. Everything is
+imported under the ``chronomq`` name (nothing installs a top-level ``cluster``, ``pop``,
+``schedule``, ``timer``, ``ops`` or ``raftlog``). Checked on the source, import by import,
+imports inside functions and for the type checker included."""
 
 from __future__ import annotations
 
@@ -11,19 +19,57 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TOP = ("raftlog", "schedule", "timer", "cluster", "ops", "chronomq")
+TOP = ("raftlog", "schedule", "timer", "pop", "cluster", "ops", "chronomq")
 
-# What each package may import of ours (``None``: anything but what FORBIDDEN names).
-# ``chronomq.version`` is a leaf every package may read (checked below).
-ALLOWED: dict[str, set[str] | None] = {
-    "raftlog": {"chronomq.raftlog", "chronomq.version"},
-    "schedule": {"chronomq.schedule", "chronomq.raftlog", "chronomq.version"},
-    "timer": {"chronomq.timer", "chronomq.raftlog", "chronomq.version"},
-    "cluster": None,
+# The client library: ``chronomq`` and its modules that no unit below claims.
+LIBRARY = "chronomq"
+
+# Lowest first. ``chronomq.cluster`` is the package's own ``__init__`` and ``__main__``
+# (``python -m chronomq.cluster``, the node's commands alone).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("chronomq.version",),
+    ("chronomq.raftlog", LIBRARY),
+    ("chronomq.schedule", "chronomq.timer"),
+    ("chronomq.pop",),
+    ("chronomq.cluster.config",),
+    ("chronomq.cluster.logs",),
+    ("chronomq.cluster.node",),
+    ("chronomq.cluster.httpapi", "chronomq.cluster.rocketmq"),
+    ("chronomq.cluster.process",),
+    ("chronomq.cluster.cli",),
+    ("chronomq.cluster",),
+    ("chronomq.ops",),
+    ("chronomq.cli",),
+    ("chronomq.__main__",),
+)
+UNITS = tuple(u for layer in LAYERS for u in layer)
+
+# What each unit may import of ours: itself and the layers below it.
+ALLOWED: dict[str, set[str]] = {
+    unit: {unit}.union(*(set(lower) for lower in LAYERS[:i]))
+    for i, layer in enumerate(LAYERS)
+    for unit in layer
 }
+# And what it may not, although it sits below: the client library is for the commands (the
+# node speaks HTTP, it does not call itself through a client), and it needs nothing else.
+FORBIDDEN: dict[str, set[str]] = {
+    unit: {LIBRARY}
+    for unit in UNITS
+    if unit not in ("chronomq.cluster.cli", "chronomq.ops", "chronomq.cli", LIBRARY)
+}
+FORBIDDEN[LIBRARY] = set(UNITS) - {LIBRARY, "chronomq.version"}
+# Modules every unit may read that import nothing of ours (checked below).
 LEAVES = ("chronomq/version.py",)
-# The node package never imports the tooling above it.
-FORBIDDEN = {"cluster": {"chronomq.ops", "chronomq.cli"}}
+
+
+def unit_of(module: str) -> str | None:
+    """The unit a module of ours belongs to: the longest unit name it starts with (the client
+    library for the rest of ``chronomq``); None for a module not of ours."""
+    if module != LIBRARY and not module.startswith(LIBRARY + "."):
+        return None
+    return max(
+        (u for u in UNITS if module == u or module.startswith(u + ".")), key=len, default=LIBRARY
+    )
 
 
 def imported(path: pathlib.Path) -> set[str]:
@@ -36,26 +82,58 @@ def imported(path: pathlib.Path) -> set[str]:
     return out
 
 
-def _hits(module: str, forbidden: set[str]) -> bool:
-    return any(module == f or module.startswith(f + ".") for f in forbidden)
+def test_unit_of() -> None:
+    assert unit_of("chronomq.cluster.node.broker") == "chronomq.cluster.node"
+    assert unit_of("chronomq.cluster") == "chronomq.cluster"
+    assert unit_of("chronomq.pop") == unit_of("chronomq.pop.state") == "chronomq.pop"
+    assert unit_of("chronomq.cli") == "chronomq.cli"
+    assert unit_of("chronomq._wire") == unit_of("chronomq") == LIBRARY
+    assert unit_of("aiohttp.web") is None
 
 
-@pytest.mark.parametrize("package", sorted(ALLOWED))
-def test_imports_point_one_way(package: str) -> None:
-    allowed = ALLOWED[package]
+@pytest.mark.parametrize("package", TOP)
+def test_imports_point_down(package: str) -> None:
+    """No import of a unit beside or above, and none by an old top-level name."""
     bad = []
-    for path in sorted((ROOT / package).rglob("*.py")):
-        for module in imported(path):
-            if module.split(".")[0] in TOP and module.split(".")[0] != "chronomq":
-                bad.append(f"{path.relative_to(ROOT)} imports {module} by its old name")
-            elif not module.startswith("chronomq"):
+    files = module_names(ROOT, (package,), "chronomq.")
+    assert files, package
+    for module, path in sorted(files.items()):
+        unit = unit_of(module)
+        assert unit is not None, module
+        for target in imported(path):
+            if target.split(".")[0] in TOP and target.split(".")[0] != "chronomq":
+                bad.append(f"{path.relative_to(ROOT)} imports {target} by its old name")
                 continue
-            elif (
-                allowed is not None
-                and not _hits(module, allowed)
-                or _hits(module, FORBIDDEN.get(package, set()))
-            ):
-                bad.append(f"{path.relative_to(ROOT)} imports {module}")
+            other = unit_of(target)
+            if other is None or other == unit:
+                continue
+            if other not in ALLOWED[unit] or other in FORBIDDEN.get(unit, set()):
+                bad.append(f"{path.relative_to(ROOT)} ({unit}) imports {target} ({other})")
+    assert bad == []
+
+
+def test_cluster_holds_only_its_subpackages() -> None:
+    """Every module of ``cluster/`` sits in one of the subpackages the layers name."""
+    loose = sorted(
+        p.name
+        for p in (ROOT / "cluster").glob("*.py")
+        if p.name not in ("__init__.py", "__main__.py")
+    )
+    subpackages = {p.name for p in (ROOT / "cluster").iterdir() if (p / "__init__.py").exists()}
+    assert loose == []
+    assert subpackages == {u.split(".")[2] for u in UNITS if u.startswith("chronomq.cluster.")}
+
+
+def test_pop_is_used_through_its_public_module() -> None:
+    """Outside ``pop/``, pop is ``chronomq.pop`` (its ``__all__``), never one of its modules."""
+    bad = []
+    for package in TOP:
+        if package == "pop":
+            continue
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for target in imported(path):
+                if target.startswith("chronomq.pop."):
+                    bad.append(f"{path.relative_to(ROOT)} imports {target}")
     assert bad == []
 
 
@@ -67,12 +145,12 @@ def test_a_leaf_imports_nothing_of_ours() -> None:
 
 # ---------------------------------------------------------------------- cycles between modules
 
-# Packages whose modules must form no import cycle, imports inside functions counted (an import
-# moved into a function to dodge a cycle is still a cycle). A package joins once its own
-# cycles are mended; in the end, every package of ``TOP``.
-ACYCLIC = ("raftlog", "schedule", "timer")
+# Packages whose modules form no import cycle, imports inside functions counted (an import
+# moved into a function to dodge a cycle is still a cycle): all of them, checked together, so
+# that a cycle through two packages counts too.
+ACYCLIC = TOP
 # Of these, the packages where no module imports one of ours inside a function.
-NO_LOCAL_IMPORTS = ("raftlog", "schedule", "timer")
+NO_LOCAL_IMPORTS = ("raftlog", "schedule", "timer", "pop", "chronomq")
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -113,7 +191,9 @@ def module_names(
             parts = list(path.relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
-            out[prefix + ".".join(parts)] = path
+            name = ".".join(parts)
+            # The folder that is the prefix itself (``chronomq/``) gets no second one.
+            out[name if prefix and parts[0] == prefix.rstrip(".") else prefix + name] = path
     return out
 
 

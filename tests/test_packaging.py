@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from chronomq.cluster.config import ConfigError, load
+from chronomq.cluster.config.nodeconfig import ConfigError, load
 
 ROOT = Path(__file__).resolve().parent.parent
 

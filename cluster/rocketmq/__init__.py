@@ -10,4 +10,9 @@ The protocol's messages come from the ``rocketmq-python-client`` package
 - :mod:`chronomq.cluster.rocketmq.routes`: the members' gRPC addresses and a topic's route;
 - :mod:`chronomq.cluster.rocketmq.service`: the servicer (thin handlers that call into the broker);
 - :mod:`chronomq.cluster.rocketmq.endpoint`: the grpcio asyncio server, its limits, TLS and metrics.
+
+It sits beside :mod:`chronomq.cluster.httpapi`, not on it: both call into
+:mod:`chronomq.cluster.node` (pop through :mod:`chronomq.cluster.node.popcalls`), and this
+package imports ``cluster.node`` and what lies below it, never ``httpapi``, ``process`` or
+``cli``.
 """

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final
 
-from chronomq.cluster.pop.state import MAX_ITEMS_PER_COMMAND
 from chronomq.cluster.rocketmq.metrics import GrpcMetrics
 from chronomq.cluster.rocketmq.renew import (
     RenewRegistry,
@@ -36,6 +35,7 @@ from chronomq.cluster.rocketmq.renew import (
     Tracked,
     client_id_problem,
 )
+from chronomq.pop import MAX_ITEMS_PER_COMMAND
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Our errors as the protocol's ``Code`` values.
 
-Every failure a gRPC call meets is one of our errors (an :class:`chronomq.cluster.errors.ApiError`, a
-domain exception :func:`chronomq.cluster.errors.from_exception` turns into one, or the JSON error body a
+Every failure a gRPC call meets is one of our errors (an :class:`chronomq.cluster.node.errors.ApiError`, a
+domain exception :func:`chronomq.cluster.node.errors.from_exception` turns into one, or the JSON error body a
 leader answered a forwarded request with, raised again as an ``ApiError``). The client never sees a bare gRPC failure: the
 answer's ``Status`` carries the ``Code`` chosen here and our message (naming the field).
 
@@ -19,7 +19,7 @@ from typing import Final
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from chronomq.cluster.errors import ApiError, from_exception
+from chronomq.cluster.node.errors import ApiError, from_exception
 
 Code = pb.Code
 

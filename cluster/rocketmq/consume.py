@@ -1,7 +1,7 @@
 """Pop consumption over gRPC: ``ReceiveMessage``, ``AckMessage``, ``ChangeInvisibleDuration``,
 ``ForwardMessageToDeadLetterQueue`` (what ``SimpleConsumer`` and ``PushConsumer`` use).
 
-Each call is one write of :mod:`chronomq.cluster.api_pop` on the leader (a follower forwards it to the
+Each call is one write of :mod:`chronomq.cluster.node.popcalls` on the leader (a follower forwards it to the
 leader's ``/v1/groups/{group}/...`` routes, as a send is forwarded), so pop state is replicated
 and a receipt handle from before a failover still acks on the new leader.
 
@@ -40,12 +40,9 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
-from chronomq.cluster import api_pop, models, reserved
-from chronomq.cluster.api_pop import ReceiveArgs
-from chronomq.cluster.errors import ApiError, bad_request
-from chronomq.cluster.pop.handle import MAX_HANDLE_CHARS
-from chronomq.cluster.pop.machine import group_problem
-from chronomq.cluster.pop.state import MAX_INVISIBLE_MS, MAX_POP_MESSAGES, MIN_INVISIBLE_MS
+from chronomq.cluster.node import models, popcalls, reserved
+from chronomq.cluster.node.errors import ApiError, bad_request
+from chronomq.cluster.node.popcalls import ReceiveArgs
 from chronomq.cluster.rocketmq import codes, convert
 from chronomq.cluster.rocketmq.autorenew import (
     MAX_FORWARDS_IN_FLIGHT,
@@ -57,6 +54,13 @@ from chronomq.cluster.rocketmq.metrics import GrpcMetrics
 from chronomq.cluster.rocketmq.renew import StopReason, Tracked
 from chronomq.cluster.rocketmq.rpc import ServicerBase, client_id_of, make_status, rpc
 from chronomq.cluster.rocketmq.telemetry import DEFAULT_LONG_POLLING_MS
+from chronomq.pop import (
+    MAX_HANDLE_CHARS,
+    MAX_INVISIBLE_MS,
+    MAX_POP_MESSAGES,
+    MIN_INVISIBLE_MS,
+    group_problem,
+)
 from chronomq.raftlog import record
 from chronomq.timer.message import TIMER_OUT_MS
 
@@ -192,9 +196,9 @@ def receive_args(
 
 
 def message_pb(m: dict[str, Any], endpoint_host: str = "") -> pb.Message:
-    """A message for the client: received by pop (as :func:`chronomq.cluster.api_pop.popped_json`
+    """A message for the client: received by pop (as :func:`chronomq.cluster.httpapi.popcalls.popped_json`
     gives it, with its receipt handle, attempt and invisible time) or pulled by offset (as
-    :func:`chronomq.cluster.pull.message_json` gives it: no receipt handle, and the attempt is
+    :func:`chronomq.cluster.node.pull.message_json` gives it: no receipt handle, and the attempt is
     ``reconsume_times + 1``, as the RocketMQ proxy answers a pull)."""
     props: dict[str, str] = dict(m.get("properties") or {})
     if m.get("body_base64") is not None:
@@ -274,10 +278,10 @@ class ConsumeRpcs(ServicerBase):
         retry: an unknown outcome is tried again when next due."""
         broker = self.broker
         if broker.raftlog.is_leader:
-            results = await api_pop.change_invisible_many(
+            results = await popcalls.change_invisible_many(
                 broker, [e.current for e in entries], invisible_ms
             )
-            return [_renew_answer(api_pop.change_json(r)) for r in results]
+            return [_renew_answer(popcalls.change_json(r)) for r in results]
         leader = broker.leader_url()
         if leader is None or leader == self._config.http_url:
             raise ApiError(503, "no_leader", "no leader is known yet", None)
@@ -346,8 +350,8 @@ class ConsumeRpcs(ServicerBase):
             broker = self.broker
 
             async def local() -> dict[str, Any]:
-                popped = await api_pop.receive(broker, group, args)
-                return {"messages": [api_pop.popped_json(p) for p in popped]}
+                popped = await popcalls.receive(broker, group, args)
+                return {"messages": [popcalls.popped_json(p) for p in popped]}
 
             if remaining is None:
                 budget = args.wait_ms / 1000 + self._config.commit_timeout_ms / 1000 + 5
@@ -408,7 +412,7 @@ class ConsumeRpcs(ServicerBase):
         handles = await self._hold(originals, context)
 
         async def local() -> dict[str, Any]:
-            results = await api_pop.ack(broker, group, handles)
+            results = await popcalls.ack(broker, group, handles)
             return {
                 "results": [
                     {"receipt_handle": r.receipt_handle, "status": r.status.value} for r in results
@@ -461,8 +465,8 @@ class ConsumeRpcs(ServicerBase):
         (handle,) = await self._hold([original], context)
 
         async def local() -> dict[str, Any]:
-            return api_pop.change_json(
-                await api_pop.change_invisible(broker, group, handle, invisible_ms)
+            return popcalls.change_json(
+                await popcalls.change_invisible(broker, group, handle, invisible_ms)
             )
 
         try:
@@ -494,7 +498,7 @@ class ConsumeRpcs(ServicerBase):
         (handle,) = await self._hold([original], context)
 
         async def local() -> dict[str, Any]:
-            result = await api_pop.forward_to_dlq(broker, group, handle)
+            result = await popcalls.forward_to_dlq(broker, group, handle)
             return {"status": result.status.value}
 
         try:

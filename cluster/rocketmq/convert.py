@@ -15,7 +15,7 @@ it takes the same path: the same validation, group commit, ops logs and idempote
   ``unsupported`` (UNSUPPORTED).
 
 Nothing a client sets per attempt (born time and host) goes into the produce request, so a
-retry fingerprints the same as its first attempt (:mod:`chronomq.cluster.idempotency`).
+retry fingerprints the same as its first attempt (:mod:`chronomq.cluster.node.idempotency`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any, Final
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
-from chronomq.cluster.errors import ApiError, bad_request
+from chronomq.cluster.node.errors import ApiError, bad_request
 from chronomq.raftlog import record
 
 UNIQ_KEY: Final = "UNIQ_KEY"

@@ -18,7 +18,7 @@ import hashlib
 import hmac
 from collections.abc import Iterable
 
-from chronomq.cluster.auth import bearer_token_matches
+from chronomq.cluster.node.auth import bearer_token_matches
 
 SIGNATURE_SCHEME = "MQv2-HMAC-SHA1"
 DATE_METADATA = "x-mq-date-time"

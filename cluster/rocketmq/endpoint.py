@@ -26,8 +26,8 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter
 from rocketmq.grpc_protocol import service_pb2_grpc as spb_grpc
 
-from chronomq.cluster.broker import Broker
-from chronomq.cluster.config import ConfigError, NodeConfig
+from chronomq.cluster.config.nodeconfig import ConfigError, NodeConfig
+from chronomq.cluster.node.broker import Broker
 from chronomq.cluster.rocketmq.credentials import call_is_authorized
 from chronomq.cluster.rocketmq.metrics import GrpcMetrics
 from chronomq.cluster.rocketmq.service import MessagingService

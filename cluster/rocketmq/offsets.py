@@ -16,7 +16,7 @@
   most ``log2(messages) + 1`` messages. Store times grow along a queue as long as the leaders'
   clocks agree; across a clock step between leaders the answer is one offset where the times
   cross, as RocketMQ's own search gives.
-- ``PullMessage`` reads this node's store, as the HTTP pull (:meth:`chronomq.cluster.broker.Broker.pull`)
+- ``PullMessage`` reads this node's store, as the HTTP pull (:meth:`chronomq.cluster.node.broker.Broker.pull`)
   does on any node, and answers as the RocketMQ proxy does: ``status`` ``OK``, one ``message``
   per message, then ``next_offset``; or ``MESSAGE_NOT_FOUND`` then ``next_offset`` when nothing
   (that matches) came within the long poll; or ``ILLEGAL_OFFSET`` then ``next_offset`` (the
@@ -47,10 +47,10 @@ import orjson
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
-from chronomq.cluster import reserved
-from chronomq.cluster.broker import group_offset_key
-from chronomq.cluster.errors import ApiError, bad_request
-from chronomq.cluster.pull import INLINE_READ_BYTES
+from chronomq.cluster.node import reserved
+from chronomq.cluster.node.errors import ApiError, bad_request
+from chronomq.cluster.node.offsets import group_offset_key
+from chronomq.cluster.node.pull import INLINE_READ_BYTES
 from chronomq.cluster.rocketmq import codes
 from chronomq.cluster.rocketmq.consume import check_group, duration_ms, message_pb, tags_of
 from chronomq.cluster.rocketmq.rpc import ServicerBase, make_status, rpc
@@ -89,7 +89,7 @@ class PullArgs:
 
 @dataclass(frozen=True, slots=True)
 class Pulled:
-    """What a pull found (JSON messages as :func:`chronomq.cluster.pull.message_json` gives them), where
+    """What a pull found (JSON messages as :func:`chronomq.cluster.node.pull.message_json` gives them), where
     the next pull starts, and whether the offset asked for was past the queue's end."""
 
     messages: tuple[dict[str, Any], ...]

@@ -9,7 +9,7 @@ does the same here. :class:`RenewRegistry` holds what it renews and decides; the
 A tracked hand-out is (first receipt handle -> newest receipt handle, group, topic, client id,
 received ms, invisible-until ms). A renewal is a change of invisible time, which gives the
 hand-out a new handle (the old one is stale from then on,
-:mod:`chronomq.cluster.pop`), so the registry maps the handle the client holds to the newest
+:mod:`chronomq.pop`), so the registry maps the handle the client holds to the newest
 one, and an ack, a change or a forward to the DLQ with the client's handle acts on the newest
 (:meth:`RenewRegistry.hold`), as RocketMQ's proxy swaps handles on ack.
 

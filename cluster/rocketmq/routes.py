@@ -23,7 +23,7 @@ from typing import Final
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from yarl import URL
 
-from chronomq.cluster.config import NodeConfig, Peer
+from chronomq.cluster.config.nodeconfig import NodeConfig, Peer
 
 BROKER_NAME: Final = "chronomq"
 ACCEPTED_TYPES: Final = (pb.MessageType.NORMAL, pb.MessageType.DELAY)

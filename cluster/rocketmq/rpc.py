@@ -17,9 +17,9 @@ import aiohttp
 import orjson
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from chronomq.cluster import reserved
-from chronomq.cluster.broker import Broker
-from chronomq.cluster.errors import ApiError, from_exception
+from chronomq.cluster.node import reserved
+from chronomq.cluster.node.broker import Broker
+from chronomq.cluster.node.errors import ApiError, from_exception
 from chronomq.cluster.rocketmq import codes, routes
 from chronomq.cluster.rocketmq.autorenew import AutoRenewer
 from chronomq.cluster.rocketmq.metrics import GrpcMetrics

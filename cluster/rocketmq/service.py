@@ -4,7 +4,7 @@ Every unary call answers with the protocol's ``Status`` (:mod:`chronomq.cluster.
 unexpected exception is logged and answered ``INTERNAL_ERROR``, never as a bare gRPC failure
 or a stack trace. Writes go to the leader: on the leader through :meth:`Broker.produce` (the
 HTTP API's path: validation, group commit, ops logs, idempotency), on a follower forwarded to
-the leader's HTTP API (:class:`chronomq.cluster.peerhttp.PeerHttp`), as the HTTP API forwards. While no
+the leader's HTTP API (:class:`chronomq.cluster.node.peerhttp.PeerHttp`), as the HTTP API forwards. While no
 leader is known (an election), a call waits for one within its deadline instead of failing at
 once, so the official clients' few attempts outlast a failover.
 
@@ -30,9 +30,9 @@ import orjson
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol import service_pb2_grpc as spb_grpc
 
-from chronomq.cluster import reserved
-from chronomq.cluster.errors import ApiError
-from chronomq.cluster.idempotency import FIELD as IDEMPOTENCY_HEADER
+from chronomq.cluster.node import reserved
+from chronomq.cluster.node.errors import ApiError
+from chronomq.cluster.node.idempotency import FIELD as IDEMPOTENCY_HEADER
 from chronomq.cluster.rocketmq import convert, routes, telemetry
 from chronomq.cluster.rocketmq.consume import ConsumeRpcs
 from chronomq.cluster.rocketmq.offsets import OffsetRpcs

@@ -16,7 +16,7 @@ from typing import Final
 from google.protobuf import duration_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from chronomq.cluster.config import NodeConfig
+from chronomq.cluster.config.nodeconfig import NodeConfig
 from chronomq.schedule.errors import ScheduleError
 from chronomq.schedule.levels import DelayLevelTable
 from chronomq.schedule.retry import FIRST_RETRY_LEVEL

@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 
 CALL_TIMEOUT_S = 15.0
 """Longest a single admin call may take (a transfer waits for its target to catch up)."""
@@ -55,7 +55,7 @@ class Answer:
 def _ssl_context(cluster: LocalCluster) -> ssl.SSLContext | None:
     if not cluster.ca_file:
         return None
-    from chronomq.cluster.tls import client_context
+    from chronomq.cluster.node.tls import client_context
 
     return client_context(cluster.ca_file)
 

@@ -11,7 +11,7 @@ removes the namespaces and mounts and exits at once. The exit status is 128 + th
 number: 130 for Ctrl-C, 143 for SIGTERM.
 
 The signals are taken back whatever the drill inherited (ignored, or blocked: see
-:func:`~chronomq.cluster.stopping.take_signals`), and a thread of the drill's own acts on them:
+:func:`~chronomq.cluster.process.stopping.take_signals`), and a thread of the drill's own acts on them:
 every signal, whichever thread the kernel hands it to, writes its number to a pipe
 (``signal.set_wakeup_fd``) that this thread reads. A Python handler runs only on the main
 thread and only between its bytecodes, and a signal that the kernel hands to another thread
@@ -36,8 +36,8 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from chronomq.cluster.launcher import LocalCluster
-from chronomq.cluster.stopping import SIGNALS, take_signals
+from chronomq.cluster.process.launcher import LocalCluster
+from chronomq.cluster.process.stopping import SIGNALS, take_signals
 from chronomq.ops.drill import netns
 from chronomq.ops.drill.powercut import mount as powercut
 

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from chronomq.aio import Client
-from chronomq.cluster.launcher import STOP_TIMEOUT_S, LocalCluster, parse_sets
-from chronomq.cluster.output import print_rows, write_json
+from chronomq.cluster.cli.output import print_rows, write_json
+from chronomq.cluster.process.launcher import STOP_TIMEOUT_S, LocalCluster, parse_sets
 from chronomq.errors import RequestError
 from chronomq.ops.drill import faults as faultlib
 from chronomq.ops.drill import netns
@@ -67,7 +67,7 @@ QUIET_S = 4.0
 
 def _event_writer(directory: Path) -> Any:
     try:
-        from chronomq.cluster.logwriter import LogWriter
+        from chronomq.cluster.logs.writer import LogWriter
     except ImportError:  # pragma: no cover - ops is always installed with the drill
         return None
     return LogWriter(directory, "drill").start()
@@ -76,7 +76,7 @@ def _event_writer(directory: Path) -> Any:
 def _record_event(writer: Any, detail: dict[str, Any]) -> None:
     if writer is None:
         return
-    from chronomq.cluster.logschema import EventRecord, EventType
+    from chronomq.cluster.logs.schema import EventRecord, EventType
 
     writer.write(
         EventRecord(ts_ms=now_ms(), node="drill", type=EventType.DRILL_FAULT, detail=detail)

@@ -16,7 +16,7 @@ import pytest
 
 import chronomq
 import chronomq.aio
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 
 pytestmark = pytest.mark.integration
 

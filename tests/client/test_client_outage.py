@@ -14,7 +14,7 @@ import pytest
 
 import chronomq
 import chronomq.aio
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 from tests.client.test_client_cluster import create_topic
 from tests.integration.conftest import free_port_base
 

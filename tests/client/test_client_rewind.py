@@ -24,7 +24,7 @@ import pytest
 import chronomq
 import chronomq.aio
 from chronomq.aio import Client
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 from chronomq.ops.drill.history import History
 from chronomq.ops.drill.workload import TOPIC as DRILL_TOPIC
 from chronomq.ops.drill.workload import Workload

@@ -7,7 +7,7 @@ Every answer must be a 4xx ``{"error", "message", "field"}`` JSON body without a
 After each batch of examples every node still serves, and the CommitLog digests, topics, group
 offsets and effective config are those taken before the batch; no node logged an unexpected error.
 
-Bad configuration files are checked both through ``cluster.config.load`` (property-based) and by
+Bad configuration files are checked both through ``cluster.config.nodeconfig.load`` (property-based) and by
 starting ``python -m cluster node --config FILE``, which must exit non-zero naming the key.
 """
 
@@ -34,9 +34,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from chronomq.cluster.config import ConfigError, load
-from chronomq.cluster.configkeys import KEY_BY_NAME, KEYS, RENAMED, Key
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.config.keys import KEY_BY_NAME, KEYS, RENAMED, Key
+from chronomq.cluster.config.nodeconfig import ConfigError, load
+from chronomq.cluster.process.launcher import LocalCluster
 from tests.integration.conftest import dump_logs, free_port_base
 
 pytestmark = pytest.mark.integration

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster import apidoc, openapi
-from chronomq.cluster.cli import main
+from chronomq.cluster.cli.commands import main
+from chronomq.cluster.httpapi import apidoc, openapi
 
 PAGE = Path(__file__).resolve().parents[2] / apidoc.PAGE
 

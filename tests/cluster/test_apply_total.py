@@ -21,10 +21,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chronomq.cluster import reserved
-from chronomq.cluster.broker import Broker
-from chronomq.cluster.config import load
-from chronomq.cluster.errors import ApiError
+from chronomq.cluster.config.nodeconfig import load
+from chronomq.cluster.node import reserved
+from chronomq.cluster.node.broker import Broker
+from chronomq.cluster.node.errors import ApiError
 from chronomq.raftlog import command as cmdcodec
 from chronomq.raftlog import record
 from chronomq.raftlog.errors import InvalidInput

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from chronomq.cluster.api import add_routes
-from chronomq.cluster.auth import auth_middleware, bearer_token_matches, open_routes
-from chronomq.cluster.openapi import ROUTES
+from chronomq.cluster.httpapi.api import add_routes
+from chronomq.cluster.httpapi.openapi import ROUTES
+from chronomq.cluster.node.auth import auth_middleware, bearer_token_matches, open_routes
 
 TOKEN = "t0ken-with-enough-characters"
 Client = Any

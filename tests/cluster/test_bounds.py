@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from chronomq.cluster.httpconn import ConnectionGuard, GuardedSite, HttpLimits
-from chronomq.cluster.pull import PullPage, QueueWaiters, plan_units, read_page
+from chronomq.cluster.httpapi.httpconn import ConnectionGuard, GuardedSite, HttpLimits
+from chronomq.cluster.node.pull import PullPage, QueueWaiters, plan_units, read_page
 from chronomq.raftlog import record
 from chronomq.raftlog.consumequeue import CqUnit
 
@@ -232,7 +232,7 @@ async def test_gone_resolves_when_the_client_disconnects() -> None:
 
 
 def test_limits_come_from_the_config(tmp_path: Path) -> None:
-    from chronomq.cluster.config import load
+    from chronomq.cluster.config.nodeconfig import load
 
     cfg = load(
         overrides={
@@ -280,9 +280,9 @@ class BlockingStore:
 def _app(tmp_path: Path, store: BlockingStore) -> web.Application:
     from types import SimpleNamespace
 
-    from chronomq.cluster.api import create_app
-    from chronomq.cluster.broker import Broker
-    from chronomq.cluster.config import load
+    from chronomq.cluster.config.nodeconfig import load
+    from chronomq.cluster.httpapi.api import create_app
+    from chronomq.cluster.node.broker import Broker
 
     raftlog = SimpleNamespace(
         store=store,
@@ -317,7 +317,7 @@ async def test_a_long_poll_ends_when_its_client_goes_away(
     store.gate.set()
     app = _app(tmp_path, store)
     client = await aiohttp_client(app)
-    from chronomq.cluster.api import BROKER
+    from chronomq.cluster.httpapi.base import BROKER
 
     broker = app[BROKER]
     poll = asyncio.create_task(client.get("/v1/topics/t/queues/0/messages?wait_ms=30000"))

@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from chronomq.cluster import config, configdoc, runtimeconfig
-from chronomq.cluster.config import ConfigError, NodeConfig, load
-from chronomq.cluster.configkeys import KEY_BY_NAME, KEYS, RENAMED
-from chronomq.cluster.errors import ApiError
-from chronomq.cluster.launcher import LocalCluster, parse_sets
+from chronomq.cluster.config import doc as configdoc
+from chronomq.cluster.config import nodeconfig as config
+from chronomq.cluster.config.keys import KEY_BY_NAME, KEYS, RENAMED
+from chronomq.cluster.config.nodeconfig import ConfigError, NodeConfig, load
+from chronomq.cluster.node import runtimeconfig
+from chronomq.cluster.node.errors import ApiError
+from chronomq.cluster.process.launcher import LocalCluster, parse_sets
 
 OLD, NEW = "max_message_size", "max_message_bytes"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from chronomq.cluster.config import ConfigError, is_loopback_host, load
-from chronomq.cluster.launcher import LocalCluster, parse_sets
+from chronomq.cluster.config.nodeconfig import ConfigError, is_loopback_host, load
+from chronomq.cluster.process.launcher import LocalCluster, parse_sets
 
 SECRET = "0123456789abcdef0123"
 

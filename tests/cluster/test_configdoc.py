@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from chronomq.cluster import configdoc, configkeys
+from chronomq.cluster.config import doc as configdoc
+from chronomq.cluster.config import keys as configkeys
 
 PAGE = Path(__file__).resolve().parents[2] / configdoc.PAGE
 

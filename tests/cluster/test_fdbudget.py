@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster import fdbudget
-from chronomq.cluster.httpconn import ACCEPT_BACKOFF_MAX_S, ACCEPT_BACKOFF_MIN_S, Acceptor
+from chronomq.cluster.httpapi.httpconn import ACCEPT_BACKOFF_MAX_S, ACCEPT_BACKOFF_MIN_S, Acceptor
+from chronomq.cluster.process import fdbudget
 
 
 def test_common_soft_limit_is_shared_out() -> None:
@@ -94,7 +94,7 @@ async def test_accept_emfile_backs_off_and_logs_once_per_interval(
     clock = _Clock()
     acceptor = Acceptor(sock, asyncio.Protocol, clock=clock)  # type: ignore[arg-type]
     try:
-        with caplog.at_level("WARNING", logger="chronomq.cluster.httpconn"):
+        with caplog.at_level("WARNING", logger="chronomq.cluster.httpapi.httpconn"):
             for _ in range(20):
                 acceptor._readable()
                 clock.now += 0.5
@@ -107,7 +107,7 @@ async def test_accept_emfile_backs_off_and_logs_once_per_interval(
         lines = [r for r in caplog.records if "accept() failed" in r.getMessage()]
         assert len(lines) == 1
         clock.now += 10
-        with caplog.at_level("WARNING", logger="chronomq.cluster.httpconn"):
+        with caplog.at_level("WARNING", logger="chronomq.cluster.httpapi.httpconn"):
             acceptor._readable()
         lines = [r for r in caplog.records if "accept() failed" in r.getMessage()]
         assert len(lines) == 2

@@ -6,7 +6,7 @@ import platform
 
 import pytest
 
-from chronomq.cluster import malloc
+from chronomq.cluster.process import malloc
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc only")

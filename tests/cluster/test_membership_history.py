@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chronomq.cluster.membership import (
+from chronomq.cluster.node.membership import (
     HISTORY_MAX,
     HistoryEntry,
     append_history,

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from chronomq import ConsumedLog
-from chronomq.cluster.config import load
-from chronomq.cluster.logschema import (
+from chronomq.cluster.config.nodeconfig import load
+from chronomq.cluster.logs.nodelogs import NodeLogs, install_metrics, log_dir
+from chronomq.cluster.logs.schema import (
     EventRecord,
     EventType,
     LatencyRecord,
@@ -21,8 +22,7 @@ from chronomq.cluster.logschema import (
     consumed_line,
     decode,
 )
-from chronomq.cluster.logwriter import keep_sample
-from chronomq.cluster.nodelogs import NodeLogs, install_metrics, log_dir
+from chronomq.cluster.logs.writer import keep_sample
 from chronomq.raftlog import command as cmdcodec
 from chronomq.raftlog.clock import FakeClock
 from chronomq.raftlog.record import msg_id_hex

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
-from chronomq.cluster.nodemetrics import (
+from chronomq.cluster.node.metrics import (
     GROUP_LAG_SERIES,
     KIND_LEVEL,
     KIND_TIMER,

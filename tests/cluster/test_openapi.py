@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from chronomq.cluster.api import add_routes
-from chronomq.cluster.openapi import ROUTES, spec
+from chronomq.cluster.httpapi.api import add_routes
+from chronomq.cluster.httpapi.openapi import ROUTES, spec
 
 
 def served_routes() -> set[tuple[str, str]]:

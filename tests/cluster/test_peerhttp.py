@@ -1,4 +1,4 @@
-"""Where a node's token travels: only to members' URLs (:mod:`chronomq.cluster.peerhttp`)."""
+"""Where a node's token travels: only to members' URLs (:mod:`chronomq.cluster.node.peerhttp`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 
 from aiohttp import web
 
-from chronomq.cluster.broker import MEMBER_PREFIX, REMOVED, Broker
-from chronomq.cluster.config import load
-from chronomq.cluster.peerhttp import PeerHttp, origin
+from chronomq.cluster.config.nodeconfig import load
+from chronomq.cluster.node.broker import MEMBER_PREFIX, REMOVED, Broker
+from chronomq.cluster.node.peerhttp import PeerHttp, origin
 
 TOKEN = "peer-token-0123456789"
 MakeServer = Callable[..., Awaitable[Any]]

@@ -15,8 +15,8 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.v5.util.messaging_result_checker import MessagingResultChecker
 
-from chronomq.cluster.config import NodeConfig, Peer, load
-from chronomq.cluster.errors import ApiError
+from chronomq.cluster.config.nodeconfig import NodeConfig, Peer, load
+from chronomq.cluster.node.errors import ApiError
 from chronomq.cluster.rocketmq import codes, convert, credentials, routes, telemetry
 from chronomq.raftlog import errors as rl
 from chronomq.timer.errors import DelayTooLong, SlotCongested

@@ -9,7 +9,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.v5.model import Message as ClientMessage
 
-from chronomq.cluster.errors import ApiError
+from chronomq.cluster.node.errors import ApiError
 from chronomq.cluster.rocketmq import consume
 
 

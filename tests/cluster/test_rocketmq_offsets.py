@@ -10,7 +10,7 @@ from google.protobuf import duration_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
-from chronomq.cluster.errors import ApiError, from_exception
+from chronomq.cluster.node.errors import ApiError, from_exception
 from chronomq.cluster.rocketmq import codes
 from chronomq.cluster.rocketmq.consume import message_pb
 from chronomq.cluster.rocketmq.offsets import (

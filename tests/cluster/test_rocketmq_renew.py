@@ -11,8 +11,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from rocketmq.grpc_protocol import service_pb2 as spb
 
-from chronomq.cluster import config, configkeys
-from chronomq.cluster.pop import state
+from chronomq.cluster.config import keys as configkeys
+from chronomq.cluster.config import nodeconfig as config
 from chronomq.cluster.rocketmq import consume
 from chronomq.cluster.rocketmq.autorenew import (
     BATCH,
@@ -30,6 +30,7 @@ from chronomq.cluster.rocketmq.renew import (
     Tracked,
 )
 from chronomq.cluster.rocketmq.rpc import client_id_of
+from chronomq.pop import state
 
 INV = 3_000  # the invisible time of each hand-out and renewal
 T0 = 1_790_000_000_000

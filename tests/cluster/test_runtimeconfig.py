@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster import runtimeconfig as rc
-from chronomq.cluster.broker import GROUP_OFFSET_PREFIX, MEMBER_PREFIX, group_offset_key
-from chronomq.cluster.config import NodeConfig, load
-from chronomq.cluster.configkeys import KEY_BY_NAME, KEYS
-from chronomq.cluster.errors import ApiError
+from chronomq.cluster.config.keys import KEY_BY_NAME, KEYS
+from chronomq.cluster.config.nodeconfig import NodeConfig, load
+from chronomq.cluster.node import runtimeconfig as rc
+from chronomq.cluster.node.broker import MEMBER_PREFIX
+from chronomq.cluster.node.errors import ApiError
+from chronomq.cluster.node.offsets import GROUP_OFFSET_PREFIX, group_offset_key
 from chronomq.schedule.state import MODE_KEY
 from chronomq.timer.state import STOP_DEQUEUE, STOP_ENQUEUE
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from chronomq.cluster.config import ConfigError
-from chronomq.cluster.server import run
-from chronomq.cluster.tls import client_context, server_context
+from chronomq.cluster.config.nodeconfig import ConfigError
+from chronomq.cluster.node.tls import client_context, server_context
+from chronomq.cluster.process.server import run
 from tests.selfsigned import self_signed
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 from tests.conftest import node_logs, register_cluster
 from tests.integration import spec_check
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 from chronomq.raftlog.journal import read_file
 
 #: Settings under which the journal holds every entry (no snapshot compacts it) and nothing

@@ -23,7 +23,7 @@ try:
 except ImportError:  # the test extra is not installed: nothing is checked
     jsonschema_rs = None
 
-from chronomq.cluster.openapi import spec
+from chronomq.cluster.httpapi.openapi import spec
 
 _Route = tuple[str, re.Pattern[str], dict[str, Any]]
 

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from chronomq.aio import Client
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 from chronomq.errors import ApiError
 from tests.integration.conftest import pull_applied, wait_for
 

@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 
 from .conftest import dump_logs, wait_for
 

@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 import pytest
 
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.integration

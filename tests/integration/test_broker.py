@@ -13,7 +13,7 @@ import pytest
 
 import chronomq.aio
 from chronomq.aio import Client
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 from chronomq.errors import ApiError
 from tests.integration.conftest import dump_logs, wait_for
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 from tests.integration.test_console_api import call, produce, until
 
 pytestmark = pytest.mark.integration

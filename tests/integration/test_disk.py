@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from chronomq.aio import Client
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 from chronomq.errors import ApiError, ChronomqError
 from tests.integration.conftest import dump_logs, free_port_base, wait_for
 

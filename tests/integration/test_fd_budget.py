@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 
 from chronomq.aio import Client
-from chronomq.cluster import fdbudget
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process import fdbudget
+from chronomq.cluster.process.launcher import LocalCluster
 from tests.integration.conftest import dump_logs, free_port_base
 
 LIMIT = 1024

@@ -32,8 +32,8 @@ from rocketmq import (
     SimpleConsumer,
 )
 
-from chronomq.cluster.launcher import LocalCluster
-from chronomq.cluster.logschema import LatencyRecord, MessageKind, RecordType, Stage, decode
+from chronomq.cluster.logs.schema import LatencyRecord, MessageKind, RecordType, Stage, decode
+from chronomq.cluster.process.launcher import LocalCluster
 from tests.integration.conftest import dump_logs, wait_for
 
 pytestmark = pytest.mark.integration

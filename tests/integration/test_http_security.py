@@ -24,8 +24,8 @@ import aiohttp
 import pytest
 
 from chronomq.aio import Client
-from chronomq.cluster.launcher import LocalCluster
-from chronomq.cluster.tls import client_context
+from chronomq.cluster.node.tls import client_context
+from chronomq.cluster.process.launcher import LocalCluster
 from chronomq.errors import UnavailableError
 from tests.integration.conftest import wait_for
 from tests.selfsigned import self_signed

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from chronomq.aio import Client
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 
 from .conftest import dump_logs
 

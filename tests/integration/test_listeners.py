@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster.launcher import LocalCluster
-from chronomq.cluster.server import RAFT_BIND_TIMEOUT_S
+from chronomq.cluster.process.launcher import LocalCluster
+from chronomq.cluster.process.server import RAFT_BIND_TIMEOUT_S
 from tests.integration.conftest import start_on_free_ports
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol import service_pb2_grpc as spb_grpc
 
 from chronomq.aio import Client
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 from tests.integration.conftest import wait_for
 from tests.ops.test_observability import dashboard_metric_names, rule_metric_names
 

@@ -36,7 +36,7 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
     response_schema_conformance,
 )
 
-from chronomq.cluster.launcher import LocalCluster  # noqa: E402
+from chronomq.cluster.process.launcher import LocalCluster  # noqa: E402
 from tests.integration.conftest import dump_logs, free_port_base  # noqa: E402
 
 pytestmark = pytest.mark.integration

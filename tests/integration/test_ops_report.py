@@ -19,7 +19,7 @@ import pytest
 
 import chronomq.aio
 from chronomq.aio import Client
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 from tests.integration.conftest import dump_logs
 from tests.ops.conftest import cli_report
 

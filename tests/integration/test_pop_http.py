@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.integration

@@ -29,7 +29,7 @@ import orjson
 import pytest
 
 from chronomq.aio import Client
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 from chronomq.raftlog.journal import encode_record, read_file
 from chronomq.raftlog.store import Store
 from tests.integration.test_restart_all import kill_all_at_once, node_log, wait_until

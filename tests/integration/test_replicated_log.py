@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from chronomq.aio import Client
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 from tests.integration.conftest import dump_logs
 
 pytestmark = pytest.mark.integration

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from chronomq.aio import Client
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 from chronomq.errors import ChronomqError
 from chronomq.raftlog.journal import TORN_GROUPS, encode_record, header, read_file
 from chronomq.raftlog.store import Store

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from chronomq.aio import Client
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 from chronomq.errors import ApiError
 from tests.integration.conftest import wait_for
 from tests.integration.rewind import SETTINGS, last_index, rewind_every_node

@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 from tests.integration.conftest import wait_for
 
 CHANGED = "config changed cluster-wide: "

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from chronomq.aio import Client
-from chronomq.cluster.launcher import SECRET_FILE, LocalCluster
+from chronomq.cluster.process.launcher import SECRET_FILE, LocalCluster
 from chronomq.raftlog import catchup
 from chronomq.raftlog import catchup_proto as proto
 from tests.integration.conftest import dump_logs

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from chronomq.aio import Client
-from chronomq.cluster.launcher import SECRET_FILE, LocalCluster
+from chronomq.cluster.process.launcher import SECRET_FILE, LocalCluster
 from chronomq.raftlog import wireproto
 from chronomq.raftlog.wireproto import Handshake, HandshakeRefused, Role, Session
 from tests.integration.conftest import wait_for

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from chronomq.aio import Client
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 from chronomq.ops.stats import percentile
 from tests.integration.conftest import dump_logs, wait_for
 

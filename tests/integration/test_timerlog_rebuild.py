@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from chronomq.aio import Client
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 from chronomq.errors import ChronomqError
 from chronomq.timer.checkpoint import TIMERLOG_DIR
 from tests.integration.conftest import wait_for

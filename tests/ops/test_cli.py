@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from chronomq.cluster.logschema import RecordType, decode
+from chronomq.cluster.logs.schema import RecordType, decode
 from chronomq.ops.cli import main
 from chronomq.ops.report import ReportOptions, report_main
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 from chronomq.ops.drill import faults
 from chronomq.ops.drill.admin import Answer, LeaderGaps, member_body, sole_leader
 from chronomq.ops.drill.churn import (

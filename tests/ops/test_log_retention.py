@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from chronomq.cluster.logwriter import LogWriter, LogWriterConfig, prune
+from chronomq.cluster.logs.writer import LogWriter, LogWriterConfig, prune
 
 HOUR_MS = 3_600_000
 NOW_MS = 1_800_000_000_000

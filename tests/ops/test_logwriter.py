@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from chronomq.cluster import logwriter
-from chronomq.cluster.logschema import (
+from chronomq.cluster.logs import writer as logwriter
+from chronomq.cluster.logs.schema import (
     EventRecord,
     EventType,
     LatencyRecord,
@@ -22,7 +22,7 @@ from chronomq.cluster.logschema import (
     decode,
     encode,
 )
-from chronomq.cluster.logwriter import LogWriter, LogWriterConfig, keep_sample
+from chronomq.cluster.logs.writer import LogWriter, LogWriterConfig, keep_sample
 
 DEADLINE_S = 20.0
 

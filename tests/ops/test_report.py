@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from chronomq.cluster.logschema import CorruptLine, NewerSchemaVersion, RecordType, decode
+from chronomq.cluster.logs.schema import CorruptLine, NewerSchemaVersion, RecordType, decode
 from chronomq.ops.report import ReportFailed, compute
 from chronomq.ops.report_ingest import CORRUPT, OK, find_log_files, parse_lines
 from chronomq.ops.synth import SynthResult

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chronomq.cluster import logschema as schema
-from chronomq.cluster.logschema import (
+from chronomq.cluster.logs import schema
+from chronomq.cluster.logs.schema import (
     SCHEMA_VERSION,
     CorruptLine,
     EventRecord,
@@ -319,7 +319,7 @@ def test_any_replication_record_round_trips(record: ReplicationRecord) -> None:
 
 
 def test_importing_the_schema_does_not_import_pyspark() -> None:
-    code = "import sys, cluster.logschema, cluster.logwriter, ops.schema; sys.exit('pyspark' in sys.modules)"
+    code = "import sys, cluster.logs.schema, cluster.logs.writer, ops.schema; sys.exit('pyspark' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from chronomq.cluster.logschema import (
+from chronomq.cluster.logs.schema import (
     EventRecord,
     LatencyRecord,
     MessageKind,
