@@ -10,12 +10,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chronomq.cluster.logschema import RecordType, consumed_line
-from chronomq.cluster.logwriter import LogWriter, LogWriterConfig
+from chronomq.cluster.logs.schema import RecordType, consumed_line
+from chronomq.cluster.logs.writer import LogWriter, LogWriterConfig
 
 if TYPE_CHECKING:
     from chronomq._model import MessageData
-    from chronomq.cluster.logwriter import WriterStats
+    from chronomq.cluster.logs.writer import WriterStats
 
 _log_names = itertools.count()
 
@@ -23,7 +23,7 @@ _log_names = itertools.count()
 class ConsumedLog:
     """``consumed`` latency lines of what this process consumed, for ``chronomq report``.
 
-    Written by a background :class:`chronomq.cluster.logwriter.LogWriter` to
+    Written by a background :class:`chronomq.cluster.logs.writer.LogWriter` to
     ``<directory>/<name>/`` (``name`` defaults to ``client-<pid>-<n>``, unique in the process);
     give the report this directory next to the nodes' ones. :meth:`consumed` never blocks;
     :meth:`close` drains. The consumers write one when given ``latency_log_dir``.

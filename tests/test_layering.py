@@ -6,7 +6,8 @@
 
 A unit (a package, or a subpackage of ``cluster``) imports its own modules and the units of
 the layers below it, never a unit beside it or above it. The client library (``chronomq/``
-but the command line) imports only itself, and only the commands use it. Everything is
+but the command line) imports only itself, ``chronomq.version`` and the ops-log format
+(``cluster.logs``, for its consumers' latency logs), and only the commands use it. Everything is
 imported under the ``chronomq`` name (nothing installs a top-level ``cluster``, ``pop``,
 ``schedule``, ``timer``, ``ops`` or ``raftlog``). Checked on the source, import by import,
 imports inside functions and for the type checker included."""
@@ -28,11 +29,12 @@ LIBRARY = "chronomq"
 # (``python -m chronomq.cluster``, the node's commands alone).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("chronomq.version",),
-    ("chronomq.raftlog", LIBRARY),
+    ("chronomq.raftlog",),
     ("chronomq.schedule", "chronomq.timer"),
     ("chronomq.pop",),
     ("chronomq.cluster.config",),
     ("chronomq.cluster.logs",),
+    (LIBRARY,),
     ("chronomq.cluster.node",),
     ("chronomq.cluster.httpapi", "chronomq.cluster.rocketmq"),
     ("chronomq.cluster.process",),
@@ -57,7 +59,8 @@ FORBIDDEN: dict[str, set[str]] = {
     for unit in UNITS
     if unit not in ("chronomq.cluster.cli", "chronomq.ops", "chronomq.cli", LIBRARY)
 }
-FORBIDDEN[LIBRARY] = set(UNITS) - {LIBRARY, "chronomq.version"}
+# The library writes the consumers' latency logs in the ops-log format (``cluster.logs``).
+FORBIDDEN[LIBRARY] = set(UNITS) - {LIBRARY, "chronomq.version", "chronomq.cluster.logs"}
 # Modules every unit may read that import nothing of ours (checked below).
 LEAVES = ("chronomq/version.py",)
 

@@ -11,8 +11,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from chronomq.cli import main
-from chronomq.cluster.api import Metrics
-from chronomq.cluster.openapi import spec
+from chronomq.cluster.httpapi.metrics import Metrics
+from chronomq.cluster.httpapi.openapi import spec
 from chronomq.version import VERSION
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,7 +17,7 @@ import chronomq
 import chronomq.aio
 from chronomq._wire import MAX_RETRY_AFTER_S, Nodes, retry_after_s
 from chronomq.aio import Client
-from chronomq.cluster.logschema import RecordType, Stage, decode
+from chronomq.cluster.logs.schema import RecordType, Stage, decode
 from chronomq.errors import RequestError, UnavailableError
 
 MakeServer = Callable[..., Awaitable[Any]]

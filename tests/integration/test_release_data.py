@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 
 from chronomq.aio import Client
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 from chronomq.version import VERSION
 from tests.conftest import register_cluster
 from tests.integration.conftest import dump_logs, wait_for
