@@ -1,8 +1,8 @@
 """The packages import one way, layer by layer (lowest first)::
 
-    raftlog <- schedule, timer <- pop <- cluster.config <- cluster.logs <- cluster.node
-        <- cluster.httpapi, cluster.rocketmq <- cluster.process <- cluster.cli <- ops
-        <- chronomq.cli
+    version <- raftlog <- schedule, timer <- pop <- cluster.config <- cluster.logs
+        <- chronomq (the client library) <- cluster.node <- cluster.httpapi, cluster.rocketmq
+        <- cluster.process <- cluster.cli <- ops <- chronomq.cli
 
 A unit (a package, or a subpackage of ``cluster``) imports its own modules and the units of
 the layers below it, never a unit beside it or above it. The client library (``chronomq/``
