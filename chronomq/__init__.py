@@ -12,6 +12,10 @@ to the nodes' HTTP API: give them every node's URL.
 
 ``chronomq.aio.Client`` calls any route of the HTTP API, the admin ones included, one request
 per call.
+
+The library imports only its own modules, ``chronomq.version`` and the ops-log format it
+writes latency logs in (``chronomq.cluster.logs``); the ``chronomq`` command (``chronomq.cli``)
+sits above every package (``tests/test_layering.py`` checks both).
 """
 
 from chronomq._latency import ConsumedLog

@@ -148,6 +148,9 @@ The revive driver is a piece of leader-only work registered with the node's
 is current, one ``revive`` command at a time, and after a failover the new leader resumes from
 the committed ``pop/revive``: nothing skipped, nothing revived twice (a second revive of the
 same CK finds the entry moved).
+
+Imports ``raftlog``, ``schedule`` and ``timer`` only, never ``cluster``; other packages use
+it through this module (``chronomq.pop``), never its modules.
 """
 
 from chronomq.pop.handle import MAX_HANDLE_CHARS, InvalidHandle

@@ -8,4 +8,6 @@ Replicated state: :mod:`~chronomq.schedule.state`. Driving them against the log:
 :mod:`~chronomq.schedule.async_delivery`, :mod:`~chronomq.schedule.level_loop` (a loop per
 level, on the leader only, on the node's leader runtime) and :mod:`~chronomq.schedule.service`
 (registration, controls and figures).
+
+Imports ``raftlog`` (and ``chronomq.version``) only; ``pop`` and ``cluster`` build on it.
 """

@@ -39,4 +39,6 @@ The driver, following those rules:
   the node's leader runtime.
 - :mod:`chronomq.timer.produce`: the produce rewrite into the timer topic, with flow control.
 - :mod:`chronomq.timer.service`: the node's timer put together; cancel and switches.
+
+Imports ``raftlog`` (and ``chronomq.version``) only; ``pop`` and ``cluster`` build on it.
 """
