@@ -11,7 +11,8 @@ connections and sends nothing, costs the node a socket each for as long as it li
   ``max_http_connections`` a new connection displaces the oldest one still waiting for its
   first request, or, when every open connection is inside a request, is answered 503 and
   closed. Nothing past the cap reaches aiohttp.
-- :meth:`ConnectionGuard.arrival` marks a connection's first request as arrived;
+- A connection's first request has arrived once its headers' blank line is read (also
+  :meth:`ConnectionGuard.arrival`, for a request aiohttp parsed another way);
   :meth:`ConnectionGuard.body` reads the body within ``http_body_timeout_ms`` (408 and close
   otherwise).
 - :meth:`ConnectionGuard.gone` is a future that resolves when the connection carrying a
@@ -106,6 +107,9 @@ class _Connection(asyncio.Protocol):
         self.requested = False
         self.gone: asyncio.Future[None] | None = None
         self._deadline: asyncio.TimerHandle | None = None
+        self._head_tail = b""
+        """The last bytes of the first request's headers so far (a blank line split between
+        two reads is still found)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
@@ -139,6 +143,16 @@ class _Connection(asyncio.Protocol):
             transport.abort()
 
     def data_received(self, data: bytes) -> None:
+        if not self.requested:
+            # The headers are complete once their blank line is in: their deadline ends here,
+            # not when the request's handler starts. A node busy past the deadline finds both
+            # due at once, and the deadline's callback runs before the handler's first step:
+            # it cut connections whose whole request had come in time.
+            seen = self._head_tail + data
+            if b"\r\n\r\n" in seen:
+                self.first_request()
+            else:
+                self._head_tail = seen[-3:]
         if self._inner is not None:
             self._inner.data_received(data)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -333,3 +334,42 @@ async def test_a_long_poll_ends_when_its_client_goes_away(
         assert time.monotonic() < deadline, "the waiter outlived its client"
         await asyncio.sleep(0.05)
     assert broker.waiters.queues == 0
+
+
+async def test_headers_that_came_in_time_are_served_when_the_loop_was_busy_past_the_deadline() -> (
+    None
+):
+    """A node busy past a connection's header deadline (a loaded leader) finds the headers and
+    the deadline due together: the headers came in time, so the request is served. The
+    deadline used to end only when the request's handler started, after the deadline's own
+    callback, and the connection was cut with its request read (a reset at the client)."""
+    async with _serve(LIMITS, _ok) as (port, guard):
+        answer: list[bytes] = []
+        admit = guard.admit
+
+        def admit_then_stall(conn: Any) -> bool:
+            # Right after the connection is taken, the loop is busy past its header deadline
+            # (the client's whole request is in the socket meanwhile).
+            asyncio.get_running_loop().call_soon(time.sleep, LIMITS.header_timeout_s + 0.3)
+            return admit(conn)
+
+        guard.admit = admit_then_stall  # type: ignore[method-assign]
+
+        def client() -> None:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(
+                    b"POST /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                    b"Content-Length: 5\r\n\r\nhello"
+                )
+                data = b""
+                with contextlib.suppress(ConnectionResetError):
+                    while chunk := s.recv(65536):
+                        data += chunk
+                answer.append(data)
+
+        thread = threading.Thread(target=client)
+        thread.start()
+        await asyncio.to_thread(thread.join, 10)
+        assert answer and answer[0].startswith(b"HTTP/1.1 200"), answer
+        assert answer[0].endswith(b"ok 5")
+        assert guard.header_timeouts == 0
