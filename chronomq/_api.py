@@ -23,6 +23,12 @@ class Req:
     wait_ms: int = 0
     node: str | None = None
     """Send every attempt to this node URL (one node's own view); any node when None."""
+    attempts: int | None = None
+    """At most this many attempts (see :class:`chronomq._wire.Attempts`); None: until the
+    deadline."""
+    timeout_s: float | None = None
+    """How long one attempt may take; None: the client's ``request_timeout_s`` (plus
+    ``wait_ms``)."""
 
 
 def new_idempotency_key() -> str:

@@ -12,12 +12,18 @@ consume with :class:`chronomq.aio.Producer` and :class:`chronomq.aio.Consumer`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from chronomq import _api
 from chronomq._http_aio import AioTransport
 from chronomq._policy import RequestPolicy
+from chronomq._wire import Done
 from chronomq.errors import UnavailableError
+
+
+def _in_attempts(attempts: int) -> str:
+    return "in 1 attempt" if attempts == 1 else f"in at most {attempts} attempts"
 
 
 class Client:
@@ -27,10 +33,12 @@ class Client:
     Writes go to the leader once known, reads to any node; a call given ``url`` goes to that
     node only (its own view). Every call is retried as :class:`chronomq._wire.Attempts` says
     (no answer, 429/502/503/504, a node removed from the cluster) until ``deadline_s`` (the
-    client's, or the call's own); an error answer raises :class:`chronomq.RequestError` (4xx)
-    or :class:`chronomq.ServerError`, no answer :class:`chronomq.UnavailableError` (naming the
-    request and the last failure), so a caller sees every failure the retries did not mend. Use within one event loop; ``async with`` or
-    ``await close()``.
+    client's, or the call's own), or for at most the call's ``attempts`` (``attempts=1``:
+    one answer from one node, or the failure at once); an error answer raises
+    :class:`chronomq.RequestError` (4xx) or :class:`chronomq.ServerError`, no answer
+    :class:`chronomq.UnavailableError` (naming the request and the last failure), so a caller
+    sees every failure the retries did not mend.
+    Use within one event loop; ``async with`` or ``await close()``.
     """
 
     def __init__(
@@ -71,14 +79,16 @@ class Client:
         await self._t.close()
 
     async def _call(self, req: _api.Req, deadline_s: float | None = None) -> Any:
+        return (await self._answer(req, deadline_s)).body
+
+    async def _answer(self, req: _api.Req, deadline_s: float | None = None) -> Done:
         try:
-            return await self._t.call(req, deadline_s)
+            return await self._t.answer(req, deadline_s)
         except UnavailableError as exc:
             # Named by its request: a tool juggling many calls says which one found no node.
             cause = exc.__cause__ or exc
-            raise UnavailableError(
-                f"{req.method} {req.target} failed until the deadline: {cause}"
-            ) from exc
+            ended = "until the deadline" if req.attempts is None else _in_attempts(req.attempts)
+            raise UnavailableError(f"{req.method} {req.target} failed {ended}: {cause}") from exc
 
     async def request(
         self,
@@ -90,11 +100,54 @@ class Client:
         url: str | None = None,
         write: bool = False,
         deadline_s: float | None = None,
+        attempts: int | None = None,
+        timeout_s: float | None = None,
     ) -> Any:
         """Any route: ``path`` is the encoded path and query (see :func:`chronomq._wire.path`).
-        ``write`` sends it to the leader; ``url`` to that node only."""
-        req = _api.Req(method, path, json_body, headers or {}, write=write, node=url)
-        return await self._call(req, deadline_s)
+        ``write`` sends it to the leader; ``url`` to that node only. ``attempts`` caps the
+        attempts (``attempts=1``: no retry, the first failure raises), ``timeout_s`` bounds
+        each of them (the client's ``request_timeout_s`` when None)."""
+        status, body = await self.request_with_status(
+            method,
+            path,
+            json_body=json_body,
+            headers=headers,
+            url=url,
+            write=write,
+            deadline_s=deadline_s,
+            attempts=attempts,
+            timeout_s=timeout_s,
+        )
+        return body
+
+    async def request_with_status(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        headers: Mapping[str, str] | None = None,
+        url: str | None = None,
+        write: bool = False,
+        deadline_s: float | None = None,
+        attempts: int | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[int, Any]:
+        """:meth:`request`, with the answer's HTTP status: ``status, body = await ...``, for a
+        caller that tells a 200 from a 201 or 202. An error answer still raises (its status
+        is the exception's ``status``)."""
+        req = _api.Req(
+            method,
+            path,
+            json_body,
+            headers or {},
+            write=write,
+            node=url,
+            attempts=attempts,
+            timeout_s=timeout_s,
+        )
+        answer = await self._answer(req, deadline_s)
+        return answer.status, answer.body
 
     # ------------------------------------------------------------------ data
 
@@ -196,14 +249,22 @@ class Client:
         result: dict[str, Any] = await self._call(req)
         return result
 
-    async def cluster(self, url: str | None = None) -> dict[str, Any]:
-        """Every node's role, indexes and reachability, as ``url`` (or any node) sees them."""
-        result: dict[str, Any] = await self._call(_api.cluster_view(url))
+    async def cluster(
+        self, url: str | None = None, *, attempts: int | None = None, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        """Every node's role, indexes and reachability, as ``url`` (or any node) sees them
+        (``attempts`` and ``timeout_s`` as :meth:`request` takes them)."""
+        req = replace(_api.cluster_view(url), attempts=attempts, timeout_s=timeout_s)
+        result: dict[str, Any] = await self._call(req)
         return result
 
-    async def node(self, url: str) -> dict[str, Any]:
-        """``GET /v1/admin/node`` of the node at ``url``."""
-        result: dict[str, Any] = await self._call(_api.node_status(url))
+    async def node(
+        self, url: str, *, attempts: int | None = None, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        """``GET /v1/admin/node`` of the node at ``url`` (``attempts`` and ``timeout_s`` as
+        :meth:`request` takes them)."""
+        req = replace(_api.node_status(url), attempts=attempts, timeout_s=timeout_s)
+        result: dict[str, Any] = await self._call(req)
         return result
 
     async def admin_config(self) -> dict[str, Any]:

@@ -32,6 +32,10 @@ class AioTransport:
 
     async def call(self, req: Req, deadline_s: float | None = None) -> Any:
         """Send until answered or the deadline passes; the decoded JSON answer."""
+        return (await self.answer(req, deadline_s)).body
+
+    async def answer(self, req: Req, deadline_s: float | None = None) -> Done:
+        """:meth:`call`, with the answer's HTTP status beside its body."""
         session = self._open()
         out = self.policy.prepare(req)
         timeout = aiohttp.ClientTimeout(total=out.timeout_s)
@@ -50,7 +54,7 @@ class AioTransport:
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 step = attempts.failed(base, exc, time.monotonic())
             if isinstance(step, Done):
-                return step.body
+                return step
             await asyncio.sleep(step.sleep_s)
 
     async def close(self) -> None:

@@ -3,8 +3,8 @@
 A transport (``_http_sync`` with http.client, ``_http_aio`` with aiohttp) holds one
 :class:`RequestPolicy`. For each :class:`chronomq._api.Req` it asks it for the
 :class:`Outgoing` request (the JSON body, every header, the timeout of one attempt) and for an
-:class:`chronomq._wire.Attempts` that runs to the deadline; then it only sends, reports back
-and sleeps. The token, the user agent, TLS and the timeouts are decided here, once for both.
+:class:`chronomq._wire.Attempts` that runs to the deadline (or to the request's own limit of
+attempts); then it only sends, reports back and sleeps. The token, the user agent, TLS and the timeouts are decided here, once for both.
 """
 
 from __future__ import annotations
@@ -67,17 +67,22 @@ class RequestPolicy:
         return None
 
     def prepare(self, req: Req) -> Outgoing:
-        """What goes on the wire; a long-poll's attempts may take its ``wait_ms`` longer."""
+        """What goes on the wire; a long-poll's attempts may take its ``wait_ms`` longer, a
+        request with a ``timeout_s`` of its own that long."""
+        timeout_s = req.timeout_s
+        if timeout_s is None:
+            timeout_s = self.request_timeout_s + req.wait_ms / 1000
         return Outgoing(
             req.method,
             req.target,
             orjson.dumps(req.json) if req.json is not None else None,
             {**self.headers, **req.headers},
-            self.request_timeout_s + req.wait_ms / 1000,
+            timeout_s,
         )
 
     def attempts(self, req: Req, now: float, deadline_s: float | None = None) -> Attempts:
         """The retry state of ``req`` started at ``now`` (monotonic seconds), which ends
-        ``deadline_s`` later (the client's deadline when None)."""
+        ``deadline_s`` later (the client's deadline when None), after ``req.attempts``
+        attempts if it says so."""
         deadline = now + (self.deadline_s if deadline_s is None else deadline_s)
-        return Attempts(self.nodes, req.write, deadline, pinned=req.node)
+        return Attempts(self.nodes, req.write, deadline, pinned=req.node, limit=req.attempts)

@@ -87,7 +87,10 @@ class Nodes:
 
 @dataclass(frozen=True, slots=True)
 class Done:
+    """The request is answered: the decoded body and the HTTP status (below 400)."""
+
     body: Any
+    status: int = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +121,10 @@ class Attempts:
     deadline ends the request with the last error instead of retrying early. A request
     ``pinned`` to one node (its own view: ``/v1/admin/node``, a pull from that node) goes
     nowhere else.
+
+    ``limit`` caps the number of attempts (None: as many as the deadline allows). A caller
+    that wants one answer from one node, or counts no answer as a finding (a drill), asks for
+    ``limit=1``: the first failure that would be retried ends the request with its error.
     """
 
     def __init__(
@@ -127,11 +134,15 @@ class Attempts:
         deadline: float,
         rng: Callable[[], float] = random.random,
         pinned: str | None = None,
+        limit: int | None = None,
     ) -> None:
+        if limit is not None and limit < 1:
+            raise ValueError(f"at least one attempt is needed, not {limit}")
         self.nodes = nodes
         self.write = write
         self.deadline = deadline
         self.pinned = pinned.rstrip("/") if pinned else None
+        self.limit = limit
         self.attempt = 0
         self._rng = rng
         self._last: ChronomqError | None = None
@@ -152,7 +163,7 @@ class Attempts:
         if status < 400:
             if self.write:
                 self.nodes.learnt_leader(leader or base)
-            return Done(body)
+            return Done(body, status)
         error = api_error(status, body)
         hinted = body.get("leader") if isinstance(body, dict) else None
         removed = status == 410 and error.code == "removed_from_cluster"
@@ -173,6 +184,8 @@ class Attempts:
     def _wait(self, error: ChronomqError, retry_after: float | None, now: float) -> Wait:
         self._last = error
         self.attempt += 1
+        if self.limit is not None and self.attempt >= self.limit:
+            raise self._final_error()
         backoff = min(BACKOFF_FIRST_S * 2**self.attempt, BACKOFF_MAX_S) * (0.5 + self._rng())
         if retry_after is not None:
             # The node said when to come back; sooner would only add to its load.

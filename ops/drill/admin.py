@@ -1,5 +1,10 @@
 """The admin calls the churn faults make, and a watch on the cluster's leadership.
 
+Every call goes through :class:`chronomq.aio.Client` as one attempt to one named node
+(``attempts=1``): the drill wants that node's answer within the call's time, and keeps no
+answer (status 0) as what it saw instead of retrying it away; the membership changes retry on
+their own terms (:func:`chronomq.ops.drill.churn.change_outcome`).
+
 :class:`LeaderGaps` is the arithmetic (how long no single confirmed leader was seen), fed with
 samples and a clock in milliseconds; :class:`LeaderWatch` samples the members' ``/v1/admin/node``
 in the background and feeds it.
@@ -9,22 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import ssl
 import time
-import urllib.error
-import urllib.request
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-import aiohttp
-
+from chronomq.aio import Client
 from chronomq.cluster.process.launcher import LocalCluster
+from chronomq.errors import ApiError, ChronomqError, UnavailableError
 
 CALL_TIMEOUT_S = 15.0
 """Longest a single admin call may take (a transfer waits for its target to catch up)."""
 STATUS_TIMEOUT_S = 1.0
 WATCH_PERIOD_S = 0.1
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,76 +57,50 @@ class Answer:
         return out
 
 
-def _ssl_context(cluster: LocalCluster) -> ssl.SSLContext | None:
-    if not cluster.ca_file:
-        return None
-    from chronomq.cluster.node.tls import client_context
-
-    return client_context(cluster.ca_file)
-
-
-def _headers(cluster: LocalCluster) -> dict[str, str]:
-    token = cluster.auth_token
-    return {"Authorization": f"Bearer {token}"} if token else {}
-
-
-def session(cluster: LocalCluster) -> aiohttp.ClientSession:
-    """A session that authenticates to the cluster's nodes (close it when done)."""
-    context = _ssl_context(cluster)
-    connector = aiohttp.TCPConnector(ssl=context) if context is not None else None
-    return aiohttp.ClientSession(
-        headers=_headers(cluster),
-        connector=connector,
-        timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT_S),
+def client(cluster: LocalCluster) -> Client:
+    """A client that authenticates to the cluster's nodes (close it when done)."""
+    return Client(
+        cluster.urls,
+        token=cluster.auth_token,
+        ca_file=cluster.ca_file,
+        request_timeout_s=CALL_TIMEOUT_S,
     )
 
 
+def _failure(exc: BaseException) -> str:
+    """What went wrong on the way: the failure the client met, under its wrappings of it."""
+    while isinstance(exc, UnavailableError) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    return f"{type(exc).__name__}: {exc}"
+
+
 async def call(
-    http: aiohttp.ClientSession,
+    client: Client,
     method: str,
     url: str,
+    path: str,
     body: Any = None,
     timeout_s: float = CALL_TIMEOUT_S,
 ) -> Answer:
-    """One request, no retry: whatever came back (status 0 and the exception when nothing)."""
+    """One request to the node at ``url``, no retry: whatever came back (status 0 and the
+    failure when nothing)."""
     started = time.monotonic()
     try:
-        async with http.request(
-            method, url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)
-        ) as r:
-            raw = await r.read()
-            try:
-                data: Any = json.loads(raw) if raw else None
-            except ValueError:
-                data = raw[:200].decode(errors="replace")
-            status = r.status
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        status, data = 0, f"{type(exc).__name__}: {exc}"
+        status, data = await client.request_with_status(
+            method, path, json_body=body, url=url, attempts=1, timeout_s=timeout_s
+        )
+    except ApiError as exc:
+        status, data = exc.status, exc.body
+    except UnavailableError as exc:
+        status, data = 0, _failure(exc)
     return Answer(status, data, round((time.monotonic() - started) * 1000))
 
 
-def call_blocking(
-    cluster: LocalCluster, method: str, url: str, body: Any = None, timeout_s: float = 5.0
-) -> Answer:
-    """:func:`call` without an event loop, for a healer (which runs while the loop stops)."""
-    started = time.monotonic()
-    data = json.dumps(body).encode() if body is not None else None
-    headers = {**_headers(cluster), "Content-Type": "application/json"}
-    req = urllib.request.Request(url, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(  # noqa: S310 - URLs the launcher built
-            req, timeout=timeout_s, context=_ssl_context(cluster)
-        ) as r:
-            status, raw = r.status, r.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    except (OSError, ValueError) as exc:
-        return Answer(0, f"{type(exc).__name__}: {exc}", round((time.monotonic() - started) * 1000))
-    try:
-        parsed: Any = json.loads(raw) if raw else None
-    except ValueError:
-        parsed = raw[:200].decode(errors="replace")
-    return Answer(status, parsed, round((time.monotonic() - started) * 1000))
+def run_to_end(work: Coroutine[Any, Any, T]) -> T:
+    """``work`` run to its end on an event loop of its own, on a thread: for a healer, a plain
+    call that the drill makes, and waits for, on its own loop."""
+    with ThreadPoolExecutor(1, thread_name_prefix="drill-heal") as pool:
+        return pool.submit(asyncio.run, work).result()
 
 
 def member_body(cluster: LocalCluster, i: int) -> dict[str, Any]:
@@ -146,15 +125,16 @@ def sole_leader(statuses: dict[int, dict[str, Any] | None]) -> int | None:
 
 
 async def statuses(
-    http: aiohttp.ClientSession, cluster: LocalCluster, nodes: list[int]
+    client: Client, cluster: LocalCluster, nodes: list[int]
 ) -> dict[int, dict[str, Any] | None]:
-    """``/v1/admin/node`` of each of ``nodes`` at once (None: no answer)."""
+    """``/v1/admin/node`` of each of ``nodes`` at once (None: no answer, or an error)."""
 
     async def one(i: int) -> dict[str, Any] | None:
-        a = await call(
-            http, "GET", f"{cluster.http_url(i)}/v1/admin/node", timeout_s=STATUS_TIMEOUT_S
-        )
-        return a.body if a.status == 200 and isinstance(a.body, dict) else None
+        try:
+            status = await client.node(cluster.http_url(i), attempts=1, timeout_s=STATUS_TIMEOUT_S)
+        except ChronomqError:
+            return None
+        return status if isinstance(status, dict) else None
 
     answers = await asyncio.gather(*(one(i) for i in nodes))
     return dict(zip(nodes, answers, strict=True))
@@ -196,10 +176,8 @@ class LeaderWatch:
     """Samples the members' statuses every :data:`WATCH_PERIOD_S` while running; ``members``
     may change (a removed node is no longer asked)."""
 
-    def __init__(
-        self, http: aiohttp.ClientSession, cluster: LocalCluster, members: list[int]
-    ) -> None:
-        self._http = http
+    def __init__(self, client: Client, cluster: LocalCluster, members: list[int]) -> None:
+        self._client = client
         self._cluster = cluster
         self.members = list(members)
         self.gaps = LeaderGaps()
@@ -218,7 +196,7 @@ class LeaderWatch:
 
     async def _run(self) -> None:
         while True:
-            seen = await statuses(self._http, self._cluster, list(self.members))
+            seen = await statuses(self._client, self._cluster, list(self.members))
             self.gaps.observe(round(time.monotonic() * 1000), sole_leader(seen))
             self._sampled.set()
             await asyncio.sleep(WATCH_PERIOD_S)
@@ -243,14 +221,14 @@ class LeaderWatch:
 
 
 async def wait_caught_up(
-    http: aiohttp.ClientSession, cluster: LocalCluster, nodes: list[int], timeout_s: float
+    client: Client, cluster: LocalCluster, nodes: list[int], timeout_s: float
 ) -> int:
     """Wait until each of ``nodes`` has applied what the leader had committed when the wait
     began (a check that holds under load, unlike equal digests); the index waited for."""
     deadline = time.monotonic() + timeout_s
     target: int | None = None
     while time.monotonic() < deadline:
-        seen = await statuses(http, cluster, nodes)
+        seen = await statuses(client, cluster, nodes)
         leader = sole_leader(seen)
         if target is None and leader is not None:
             target = int((seen[leader] or {}).get("commit_index", 0))

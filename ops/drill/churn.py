@@ -28,8 +28,9 @@ import random
 import time
 from typing import Any
 
-import aiohttp
-
+from chronomq.aio import Client
+from chronomq.cluster.process.launcher import LocalCluster
+from chronomq.errors import ChronomqError
 from chronomq.ops.drill import admin
 from chronomq.ops.drill.admin import Answer, LeaderWatch
 from chronomq.ops.drill.context import FaultContext
@@ -49,6 +50,12 @@ CATCH_UP_S = 60.0
 BACKOFF_FIRST_S = 0.2
 BACKOFF_MAX_S = 2.0
 RETRYABLE = frozenset({0, 409, 502, 503, 504})
+HEAL_CALL_TIMEOUT_S = 5.0
+"""How long one call of the healer's re-add may take."""
+VIEW_TIMEOUT_S = 3.0
+"""How long a member may take to show its cluster view."""
+GONE_TIMEOUT_S = 2.0
+"""How long the removed node may take to answer a client."""
 CLIENT_ROUTE = "/v1/topics"
 """A client route a removed node must refuse with 410."""
 
@@ -90,7 +97,7 @@ def change_outcome(answer: Answer, action: str, attempt: int) -> str:
 
 
 async def _change(
-    http: aiohttp.ClientSession,
+    client: Client,
     ctx: FaultContext,
     action: str,
     via: list[int],
@@ -105,7 +112,7 @@ async def _change(
     attempt = 0
     while True:
         node = ctx.rng.choice(via)
-        answer = await admin.call(http, method, f"{ctx.cluster.http_url(node)}{path}", body)
+        answer = await admin.call(client, method, ctx.cluster.http_url(node), path, body)
         outcome = change_outcome(answer, action, attempt)
         if outcome == "done":
             return answer, retries
@@ -130,7 +137,7 @@ async def transfer_leader(ctx: FaultContext) -> dict[str, Any]:
     ctx.record("start", fault="transfer-leader", node=first, transfers=rounds)
     answers: list[dict[str, Any]] = []
     findings: list[str] = []
-    async with admin.session(c) as http, LeaderWatch(http, c, list(range(c.n))) as watch:
+    async with admin.client(c) as client, LeaderWatch(client, c, list(range(c.n))) as watch:
         for k in range(rounds):
             leader = await watch.wait_leader(SETTLE_TIMEOUT_S)
             if leader is None:
@@ -142,7 +149,7 @@ async def transfer_leader(ctx: FaultContext) -> dict[str, Any]:
             before_ms = watch.gaps.leaderless_ms
             asked_ms, asked = now_ms(), time.monotonic()
             answer = await admin.call(
-                http, "POST", f"{c.http_url(via)}/v1/admin/leadership/transfer", body
+                client, "POST", c.http_url(via), "/v1/admin/leadership/transfer", body
             )
             if answer.status in (200, 202):
                 new = await watch.wait_leader(MOVE_TIMEOUT_S, other_than=leader)
@@ -174,7 +181,7 @@ async def transfer_leader(ctx: FaultContext) -> dict[str, Any]:
                     f"transfer {k} answered 200 naming leader {claimed}, but the leader went "
                     f"from {leader} to {new}"
                 )
-        await admin.wait_caught_up(http, c, list(range(c.n)), CATCH_UP_S)
+        await admin.wait_caught_up(client, c, list(range(c.n)), CATCH_UP_S)
         gaps = watch.gaps
     moved = sum(1 for a in answers if a["moved"])
     ctx.record(
@@ -193,38 +200,54 @@ async def transfer_leader(ctx: FaultContext) -> dict[str, Any]:
 
 
 def _readd(ctx: FaultContext, victim: int, members: list[int]) -> None:
-    """The healer: add ``victim`` back, without the event loop, bounded."""
-    body = admin.member_body(ctx.cluster, victim)
+    """The healer: add ``victim`` back, bounded; a plain call (see :func:`admin.run_to_end`)."""
+    admin.run_to_end(_readd_on(ctx.cluster, victim, members))
+
+
+async def _readd_on(cluster: LocalCluster, victim: int, members: list[int]) -> None:
+    body = admin.member_body(cluster, victim)
     deadline = time.monotonic() + CHANGE_DEADLINE_S / 2
     attempt = 0
-    while time.monotonic() < deadline:
-        node = members[attempt % len(members)]
-        answer = admin.call_blocking(
-            ctx.cluster, "POST", f"{ctx.cluster.http_url(node)}/v1/admin/members", body
-        )
-        if change_outcome(answer, "add", attempt) != "retry":
-            return
-        time.sleep(backoff_s(attempt))
-        attempt += 1
+    async with admin.client(cluster) as client:
+        while time.monotonic() < deadline:
+            node = members[attempt % len(members)]
+            answer = await admin.call(
+                client,
+                "POST",
+                cluster.http_url(node),
+                "/v1/admin/members",
+                body,
+                HEAL_CALL_TIMEOUT_S,
+            )
+            if change_outcome(answer, "add", attempt) != "retry":
+                return
+            await asyncio.sleep(backoff_s(attempt))
+            attempt += 1
 
 
 async def _listed_by(
-    http: aiohttp.ClientSession, ctx: FaultContext, members: list[int]
+    client: Client, ctx: FaultContext, members: list[int]
 ) -> dict[int, list[int] | None]:
-    """The member ids each of ``members`` lists in its cluster view (None: no answer)."""
+    """The member ids each of ``members`` lists in its cluster view (None: no answer, or an
+    error)."""
 
     async def one(i: int) -> list[int] | None:
-        a = await admin.call(http, "GET", f"{ctx.cluster.http_url(i)}/v1/admin/cluster", None, 3)
-        if a.status != 200 or not isinstance(a.body, dict):
+        try:
+            view = await client.cluster(
+                ctx.cluster.http_url(i), attempts=1, timeout_s=VIEW_TIMEOUT_S
+            )
+        except ChronomqError:
             return None
-        return sorted(int(n["id"]) for n in a.body.get("nodes", []))
+        if not isinstance(view, dict):
+            return None
+        return sorted(int(n["id"]) for n in view.get("nodes", []))
 
     views = await asyncio.gather(*(one(i) for i in members))
     return dict(zip(members, views, strict=True))
 
 
 async def _wait_listed(
-    http: aiohttp.ClientSession,
+    client: Client,
     ctx: FaultContext,
     members: list[int],
     victim: int,
@@ -234,21 +257,19 @@ async def _wait_listed(
     """Wait until every member's view lists ``victim`` (or none does); False at the deadline."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        views = await _listed_by(http, ctx, members)
+        views = await _listed_by(client, ctx, members)
         if all(v is not None and (victim in v) == listed for v in views.values()):
             return True
         await asyncio.sleep(0.2)
     return False
 
 
-async def _wait_gone(
-    http: aiohttp.ClientSession, ctx: FaultContext, victim: int, timeout_s: float
-) -> Answer:
+async def _wait_gone(client: Client, ctx: FaultContext, victim: int, timeout_s: float) -> Answer:
     """What the removed node answers a client, once it is 410 or when the time is up."""
     deadline = time.monotonic() + timeout_s
     while True:
         answer = await admin.call(
-            http, "GET", f"{ctx.cluster.http_url(victim)}{CLIENT_ROUTE}", None, 2
+            client, "GET", ctx.cluster.http_url(victim), CLIENT_ROUTE, None, GONE_TIMEOUT_S
         )
         if answer.status == 410 or time.monotonic() >= deadline:
             return answer
@@ -268,12 +289,12 @@ async def membership(ctx: FaultContext) -> dict[str, Any]:
         _readd(ctx, victim, members)
 
     ctx.healers.append(heal)
-    async with admin.session(c) as http, LeaderWatch(http, c, everyone) as watch:
+    async with admin.client(c) as client, LeaderWatch(client, c, everyone) as watch:
         # Remove. The removed node no longer counts for "is there a leader".
         watch.members = members
         before_ms, asked_ms = watch.gaps.leaderless_ms, now_ms()
         answer, retries = await _change(
-            http, ctx, "remove", everyone, "DELETE", f"/v1/admin/members/{victim}"
+            client, ctx, "remove", everyone, "DELETE", f"/v1/admin/members/{victim}"
         )
         await watch.wait_leader(SETTLE_TIMEOUT_S)
         ctx.record(
@@ -286,11 +307,11 @@ async def membership(ctx: FaultContext) -> dict[str, Any]:
             retries=retries,
             leaderless_ms=watch.gaps.leaderless_ms - before_ms,
         )
-        if not await _wait_listed(http, ctx, members, victim, False, REMOVED_WAIT_S):
+        if not await _wait_listed(client, ctx, members, victim, False, REMOVED_WAIT_S):
             findings.append(
                 f"node {victim} still listed by a member {REMOVED_WAIT_S:.0f} s after its removal"
             )
-        gone = await _wait_gone(http, ctx, victim, REMOVED_WAIT_S)
+        gone = await _wait_gone(client, ctx, victim, REMOVED_WAIT_S)
         if gone.status != 410 or gone.error != "removed_from_cluster":
             said = f"{gone.status} {gone.error}" if gone.error else str(gone.status)
             findings.append(
@@ -302,11 +323,11 @@ async def membership(ctx: FaultContext) -> dict[str, Any]:
         # Add it back, from a member (the removed node refuses or cannot forward).
         before_ms, asked_ms = watch.gaps.leaderless_ms, now_ms()
         answer, add_retries = await _change(
-            http, ctx, "add", members, "POST", "/v1/admin/members", admin.member_body(c, victim)
+            client, ctx, "add", members, "POST", "/v1/admin/members", admin.member_body(c, victim)
         )
-        if not await _wait_listed(http, ctx, members, victim, True, CATCH_UP_S):
+        if not await _wait_listed(client, ctx, members, victim, True, CATCH_UP_S):
             raise TimeoutError(f"membership: node {victim} not listed {CATCH_UP_S} s after")
-        await admin.wait_caught_up(http, c, everyone, CATCH_UP_S)
+        await admin.wait_caught_up(client, c, everyone, CATCH_UP_S)
         await watch.wait_leader(SETTLE_TIMEOUT_S)
         ctx.record(
             "disruption",

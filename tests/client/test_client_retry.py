@@ -1,6 +1,6 @@
 """``chronomq.aio.Client``, the request-level client: produce retries under one
 Idempotency-Key, Retry-After honoured, a removed node left for another, a call pinned to one
-node, admin calls; and the consumers' latency log."""
+node, a call limited to one attempt, admin calls; and the consumers' latency log."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from aiohttp import web
 
 import chronomq
 import chronomq.aio
-from chronomq._wire import MAX_RETRY_AFTER_S, Nodes, retry_after_s
+from chronomq._wire import MAX_RETRY_AFTER_S, Attempts, Nodes, Wait, retry_after_s
 from chronomq.aio import Client
 from chronomq.cluster.logs.schema import RecordType, Stage, decode
-from chronomq.errors import RequestError, UnavailableError
+from chronomq.errors import RequestError, ServerError, UnavailableError
 
 MakeServer = Callable[..., Awaitable[Any]]
 
@@ -127,6 +127,83 @@ async def test_a_call_given_a_node_goes_to_that_node_only(aiohttp_server: MakeSe
             await client.node(urls[0])
     assert err.value.status == 503
     assert set(hits) == {"busy", "idle"} and hits.count("idle") == 1
+
+
+def test_a_limit_of_attempts_ends_the_request_with_the_last_failure() -> None:
+    """``limit`` counts attempts, not time: the deadline is far, the clock stands still."""
+    nodes = Nodes(["http://a"])
+    busy = b'{"error": "no_leader", "message": "m"}'
+
+    def no_header(name: str) -> str | None:
+        return None
+
+    once = Attempts(nodes, False, deadline=1e9, rng=lambda: 0.5, limit=1)
+    with pytest.raises(ServerError) as refused:
+        once.answered("http://a", 503, no_header, busy, now=0.0)
+    assert refused.value.status == 503 and refused.value.code == "no_leader"
+    with pytest.raises(UnavailableError, match="ConnectionRefusedError"):
+        Attempts(nodes, False, 1e9, limit=1).failed("http://a", ConnectionRefusedError(), 0.0)
+
+    twice = Attempts(nodes, False, deadline=1e9, rng=lambda: 0.5, limit=2)
+    assert isinstance(twice.answered("http://a", 503, no_header, busy, now=0.0), Wait)
+    with pytest.raises(UnavailableError):
+        twice.failed("http://a", TimeoutError(), now=0.0)
+    # No limit: the deadline alone ends it.
+    unlimited = Attempts(nodes, False, deadline=1e9, rng=lambda: 0.5)
+    for _ in range(20):
+        assert isinstance(unlimited.failed("http://a", TimeoutError(), now=0.0), Wait)
+    with pytest.raises(ValueError, match="at least one attempt"):
+        Attempts(nodes, False, 1e9, limit=0)
+
+
+async def test_a_call_of_one_attempt_is_not_retried(aiohttp_server: MakeServer) -> None:
+    """``attempts=1``: the first answer (its status too) or the first failure, within the
+    call's own ``timeout_s``; what the drills ask of one node."""
+    hits: list[str] = []
+
+    async def members(request: web.Request) -> web.Response:
+        hits.append(request.method)
+        if len(hits) == 1:
+            return web.json_response({"error": "no_leader", "message": "m"}, status=503)
+        return web.json_response({"status": "added", "id": 3}, status=201)
+
+    async def slow(request: web.Request) -> web.Response:
+        hits.append("slow")
+        await asyncio.sleep(2)
+        return web.json_response({})
+
+    async def removed(request: web.Request) -> web.Response:
+        hits.append("removed")
+        body = {"error": "removed_from_cluster", "message": "m"}
+        return web.json_response(body, status=410)
+
+    app = web.Application()
+    app.router.add_post("/v1/admin/members", members)
+    app.router.add_get("/v1/admin/node", slow)
+    app.router.add_get("/v1/topics", removed)
+    server = await aiohttp_server(app)
+    url = str(server.make_url("")).rstrip("/")
+    async with Client([url], deadline_s=10, request_timeout_s=15) as client:
+        with pytest.raises(ServerError) as busy:
+            await client.request("POST", "/v1/admin/members", json_body={}, url=url, attempts=1)
+        assert busy.value.status == 503 and hits == ["POST"]
+        # The next call, left to the retry policy, is answered 201 at its first attempt.
+        status, body = await client.request_with_status(
+            "POST", "/v1/admin/members", json_body={}, url=url
+        )
+        assert (status, body) == (201, {"status": "added", "id": 3})
+
+        hits.clear()
+        started = time.monotonic()
+        with pytest.raises(UnavailableError, match="GET /v1/admin/node failed in 1 attempt"):
+            await client.node(url, attempts=1, timeout_s=0.3)
+        assert time.monotonic() - started < 1.5 and hits == ["slow"]
+
+        hits.clear()
+        with pytest.raises(ServerError) as gone:  # without the limit, asked until the deadline
+            await client.request("GET", "/v1/topics", url=url, attempts=1)
+        assert (gone.value.status, gone.value.code) == (410, "removed_from_cluster")
+        assert hits == ["removed"]
 
 
 async def test_admin_calls_send_their_routes(aiohttp_server: MakeServer) -> None:

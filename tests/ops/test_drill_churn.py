@@ -1,15 +1,21 @@
 """The churn faults' choices and arithmetic, without a cluster: who is asked, whom a transfer
-names, which follower leaves, what an answer means, and how long there was no leader."""
+names, which follower leaves, what an answer means (and what an admin call makes of a node's
+answer), and how long there was no leader."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
 
+from chronomq.aio import Client
 from chronomq.cluster.process.launcher import LocalCluster
-from chronomq.ops.drill import faults
+from chronomq.ops.drill import admin, faults
 from chronomq.ops.drill.admin import Answer, LeaderGaps, member_body, sole_leader
 from chronomq.ops.drill.churn import (
     BACKOFF_MAX_S,
@@ -97,6 +103,49 @@ def test_an_answer_keeps_its_error_and_message() -> None:
         "took_ms": 80,
     }
     assert Answer(0, "ClientConnectorError: refused", 3).error == "ClientConnectorError: refused"
+
+
+async def test_an_admin_call_keeps_whatever_one_node_answered(
+    aiohttp_server: Callable[..., Awaitable[Any]],
+) -> None:
+    """One attempt each: a 201 stays a 201, a 503 and a 410 are answers (not retried), no
+    answer is status 0 with the failure; the healer's plain call runs inside a running loop."""
+    hits: list[int] = []
+
+    def route(status: int, body: dict[str, Any]) -> Callable[[web.Request], Awaitable[Any]]:
+        async def answer(request: web.Request) -> web.Response:
+            hits.append(status)
+            return web.json_response(body, status=status)
+
+        return answer
+
+    app = web.Application()
+    app.router.add_post("/v1/admin/members", route(201, {"status": "added", "id": 2}))
+    app.router.add_delete("/v1/admin/members/2", route(503, {"error": "no_leader"}))
+    app.router.add_get("/v1/topics", route(410, {"error": "removed_from_cluster"}))
+    server = await aiohttp_server(app)
+    url = str(server.make_url("")).rstrip("/")
+    async with Client([url]) as client:
+        added = await admin.call(client, "POST", url, "/v1/admin/members", {"id": 2})
+        busy = await admin.call(client, "DELETE", url, "/v1/admin/members/2")
+        gone = await admin.call(client, "GET", url, "/v1/topics", None, 2)
+        nobody = await admin.call(client, "GET", "http://127.0.0.1:9", "/v1/admin/node")
+    assert (added.status, added.body, added.error) == (201, {"status": "added", "id": 2}, None)
+    assert (busy.status, busy.error, gone.status, gone.error) == (
+        503,
+        "no_leader",
+        410,
+        "removed_from_cluster",
+    )
+    assert hits == [201, 503, 410]
+    assert nobody.status == 0 and (nobody.error or "").startswith("ClientConnectorError")
+
+    async def loop_of_its_own() -> asyncio.AbstractEventLoop:
+        await asyncio.sleep(0)
+        return asyncio.get_running_loop()
+
+    # The stub server runs on this loop, which the plain call blocks: no request here.
+    assert admin.run_to_end(loop_of_its_own()) is not asyncio.get_running_loop()
 
 
 def test_the_sole_leader_is_confirmed_and_named_by_everyone() -> None:
