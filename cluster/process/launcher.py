@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import http.client
 import json
 import os
 import secrets
@@ -349,7 +350,9 @@ class LocalCluster:
                 f"{self.http_url(i)}/v1/admin/node", timeout_s, self.auth_token, self._ssl_context
             )
             return data
-        except (OSError, urllib.error.URLError, ValueError):
+        except (OSError, urllib.error.URLError, ValueError, http.client.HTTPException):
+            # No node answering there (yet), or something else holds its port: a server of
+            # another protocol answers what HTTP cannot parse (BadStatusLine).
             return None
 
     def leader(self, among: list[int] | None = None) -> int | None:
