@@ -7,7 +7,7 @@ import socket
 import threading
 from pathlib import Path
 
-from chronomq.cluster.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster
 
 # What an HTTP/2 (gRPC) server sends first: a SETTINGS frame, which HTTP/1.1 cannot parse.
 H2_SETTINGS = bytes.fromhex("000006040000000000000300000064")
