@@ -37,8 +37,12 @@ def _missing_extras() -> list[str]:
     return missing
 
 
+# Alone, after the suite's parallel part: a Spark Connect server and a report through it want
+# both cores, and beside the other test process (Spark standalone, node clusters) and any other
+# load it took 300 s and more (the item's time limit), 115 s without.
 pytestmark = [
     pytest.mark.spark,
+    pytest.mark.alone,
     pytest.mark.skipif(
         bool(_missing_extras()),
         reason=f"Spark Connect extras not installed ({', '.join(_missing_extras())}); "
