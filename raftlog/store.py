@@ -520,6 +520,11 @@ class Store(SnapshotState):
         limits = cmd.idem or self.default_idem
         clientkeys.expire(self.clients, cmd.propose_ms - limits.client_window_ms)
         repeats: list[tuple[int, int]] = []  # (outcome idx, outcome idx of the first occurrence)
+        # The batches' kv updates, in order (None deletes), applied to kv once their records
+        # are written: a reader on another thread that sees a progress key move (a delay
+        # level's offset) finds the records it moved past. A later batch's ``expect`` sees an
+        # earlier one's updates through it, as before.
+        updates: dict[str, cmdcodec.Scalar | None] = {}
         msg_at = 0
         byte_at = 0
         for batch in cmd.batches:
@@ -542,7 +547,7 @@ class Store(SnapshotState):
                 outcomes.append(seen)
                 continue
             seen_now[batch.key] = len(outcomes)
-            failed = self._check_expect(batch.expect)
+            failed = self._check_expect(batch.expect, updates)
             if failed is not None:
                 outcomes.append(BatchOutcome(batch.key, CONDITION_FAILED, detail=failed))
                 self._remember(batch, cmd.propose_ms, limits, 0, 0, CONDITION_FAILED)
@@ -594,11 +599,7 @@ class Store(SnapshotState):
             for topic, n in fresh.items():
                 self.topics[topic] = [0] * n
             if batch.updates:
-                for k, v in batch.updates.items():
-                    if v is None:
-                        self.kv.pop(k, None)
-                    else:
-                        self.kv[k] = v
+                updates.update(batch.updates)
             for tidx, qid, size in span:
                 queues = self.topics[topics[tidx]]
                 qoffs.append(queues[qid])
@@ -616,6 +617,11 @@ class Store(SnapshotState):
         start_len = self.commitlog.length
         phys, buf_at = self._write_records(buf, sizes, qoffs, cq_keys)
         end_len = self.commitlog.length
+        for k, v in updates.items():
+            if v is None:
+                self.kv.pop(k, None)
+            else:
+                self.kv[k] = v
         # Outcomes of accepted batches, and their idempotency entries.
         want = self.want_results()
         for out_idx, batch, first_i, count in pending_idem:
@@ -655,11 +661,17 @@ class Store(SnapshotState):
         queues = self.topics.get(topic)
         return len(queues) if queues is not None else int(creates.get(topic, 0))
 
-    def _check_expect(self, expect: Mapping[str, cmdcodec.Scalar] | None) -> str | None:
+    def _check_expect(
+        self,
+        expect: Mapping[str, cmdcodec.Scalar] | None,
+        updates: Mapping[str, cmdcodec.Scalar | None],
+    ) -> str | None:
+        """Whether kv, with this command's ``updates`` so far over it, holds what ``expect``
+        says; the first difference, else None."""
         if not expect:
             return None
         for k, want in expect.items():
-            have = self.kv.get(k)
+            have = updates[k] if k in updates else self.kv.get(k)
             if have != want:
                 return f"{k} is {have!r}, expected {want!r}"
         return None

@@ -8,6 +8,7 @@ import random
 import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -347,6 +348,29 @@ def test_a_later_batch_sees_an_earlier_batch_of_the_same_command(store: Store) -
     )
     assert [o.status for o in res.outcomes] == [OK, OK]
     assert store.kv == {"v": 2}
+
+
+def test_the_records_are_written_before_the_kv_moves(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader on another thread that sees a progress key move (a delay level's offset, read
+    by the message lookup) finds the records the command wrote: apply writes them first. It
+    used to set kv first, and a lookup between the two answered "delivered" without the
+    delivered copy."""
+    apply = Applier(store)
+    apply(command([B("setup", [("t", 0, b"a", 1)], creates={"t": 1}, updates={"off": 1})]))
+    seen: list[object] = []
+    write = store._write_records
+
+    def watching(*args: Any, **kwargs: Any) -> Any:
+        seen.append(store.kv.get("off"))
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(store, "_write_records", watching)
+    res = apply(command([B("move", [("t", 0, b"b", 2)], expect={"off": 1}, updates={"off": 2})]))
+    assert res.outcomes[0].status == OK
+    assert seen == [1]  # still the old offset while the record was written
+    assert store.kv["off"] == 2
 
 
 def test_updates_and_deletes(store: Store) -> None:
