@@ -121,22 +121,30 @@ def test_leader_fault_during_async_delivery_loses_and_repeats_nothing(
     async def go() -> None:
         async with Client(cluster.urls) as client:
             # Pause, load, then release everything at once so the kill lands mid-delivery.
-            await client.set_schedule(paused=True)
-            due = await produce_levels(client, 3000)
-            latest = max(due.values())
+            # A burst takes about a second to deliver; a poll slowed by a loaded machine can
+            # miss it whole, and then the next burst is the one the fault lands in.
+            due: dict[str, int] = {}
+            for _burst in range(3):
+                await client.set_schedule(paused=True)
+                burst = await produce_levels(client, 3000)
+                due.update(burst)
+                latest = max(burst.values())
 
-            async def all_due() -> bool:
-                return time.time() * 1000 >= latest
+                async def all_due(latest: int = latest) -> bool:
+                    return time.time() * 1000 >= latest
 
-            await wait_for(all_due, 15, "every message due", cluster)
-            await client.set_schedule(paused=False)
+                await wait_for(all_due, 15, "every message due", cluster)
+                await client.set_schedule(paused=False)
 
-            async def delivering() -> bool:
-                view = await client.schedule(url=cluster.http_url(first))
-                done = sum(lv["offset"] for lv in view["levels"])
-                return 0 < done < len(due)
+                async def delivered(before: int = len(due) - len(burst)) -> int:
+                    view = await client.schedule(url=cluster.http_url(first))
+                    return sum(lv["offset"] for lv in view["levels"]) - before
 
-            await wait_for(delivering, 15, "async delivery under way", cluster)
+                done = await wait_for(delivered, 15, "async delivery started", cluster)
+                if done < len(burst):
+                    break
+            else:
+                pytest.fail("three bursts of 12,000 were each delivered between two polls")
             cluster.kill(first, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
             cluster.wait_leader(30, among=[i for i in range(3) if i != first])
             if fault == "kill":
