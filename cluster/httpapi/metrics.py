@@ -115,6 +115,11 @@ class BoundsCollector:
             "chronomq_pull_waiters", "Long-polling pulls waiting now", value=b.waiters.waiting
         )
         yield CounterMetricFamily(
+            "chronomq_pull_wakes",
+            "Long-polled queues woken by a message written to them",
+            value=b.waiters.wakes,
+        )
+        yield CounterMetricFamily(
             "chronomq_pull_offloaded_reads",
             "Pull pages read on the pull executor (larger than the inline limit)",
             value=b.offloaded_pulls,

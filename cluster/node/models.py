@@ -289,6 +289,10 @@ class NodeStatus(Answer):
     client_idempotency_keys_evicted: int | UnsetType = UNSET
     pull_waiters: int | UnsetType = UNSET
     pull_waited_queues: int | UnsetType = UNSET
+    pull_wakes: Annotated[
+        int | UnsetType,
+        Meta(description="times a long-polled queue was woken by a message written to it"),
+    ] = UNSET
     http_connections: dict[str, Any] | None | UnsetType = UNSET
     disk: dict[str, Any] | None | UnsetType = UNSET
     peers_connected: Annotated[

@@ -225,11 +225,20 @@ async def test_pull_consumer_rpcs(make_cluster: Any) -> None:
         assert code == Code.MESSAGE_NOT_FOUND and time.monotonic() - t0 < 2
 
         # A long poll for tag "a" on a follower, woken by new messages: a "b" passes it by.
+        # It waits on the follower before anything is produced (its waiter is seen there), so
+        # the message wakes it rather than being there when it starts.
         waiting = asyncio.create_task(
             pull(one, pull_req(MESSAGES, tags="a", poll_ms=20_000), timeout_s=30)
         )
-        t0 = time.monotonic()
         async with aiohttp.ClientSession() as s:
+
+            async def registered() -> bool:
+                async with s.get(f"{cluster.urls[f1]}/v1/admin/node") as r:
+                    return bool((await r.json())["pull_waiters"])
+
+            await wait_for(registered, 20, "the long poll waiting on the follower", cluster)
+            assert not waiting.done()
+            t0 = time.monotonic()
             await produce(s, url, [("late-b", "b")])
             await produce(s, url, [("late-a", "a")])
         code, messages, next_offset = await asyncio.wait_for(waiting, 30)

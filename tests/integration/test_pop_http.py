@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from chronomq.cluster.node.popcalls import RECHECK_S
 from chronomq.cluster.process.launcher import LocalCluster
 from tests.integration.conftest import wait_for
 
@@ -85,22 +86,51 @@ async def test_pop_ack_change_and_dlq_through_followers(make_cluster: Any) -> No
         await wait_for(dead, 30, "the forwarded message in the DLQ", cluster)
 
 
+async def node_view(s: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with s.get(f"{url}/v1/admin/node") as r:
+        assert r.status == 200
+        data: dict[str, Any] = await r.json()
+        return data
+
+
 async def test_a_long_poll_is_woken_by_a_produce(make_cluster: Any) -> None:
+    """The poll (sent to a follower, served by the leader) waits before the message is produced
+    (its waiter is seen on the leader), and the message wakes it: not found at once, not found
+    by the poll's periodic recheck."""
     cluster = make_cluster(3)
     leader = cluster.wait_leader(60)
     cluster.wait_all_know_leader(60)
     a = follower(cluster, leader)
+    served = cluster.urls[leader]
     async with aiohttp.ClientSession() as s:
-        t0 = time.monotonic()
+        # The topic exists (and its first message is taken) before the poll starts.
+        status, _ = await post(s, f"{a}/v1/topics/later/messages", {"messages": [{"body": "0"}]})
+        assert status == 200
+
+        async def first() -> bool:
+            _, got = await post(s, f"{a}/v1/groups/g/pop", {"topic": "later", "wait_ms": 500})
+            return [m["body"] for m in got["messages"]] == ["0"]
+
+        await wait_for(first, 30, "the first message popped", cluster)
+        before = await node_view(s, served)
+        assert before["pull_waiters"] == 0, before
         poll = asyncio.create_task(
             post(s, f"{a}/v1/groups/g/pop", {"topic": "later", "wait_ms": 20_000})
         )
-        await asyncio.sleep(0)  # the poll is sent before the message
+
+        async def waiting() -> bool:
+            return bool((await node_view(s, served))["pull_waiters"])
+
+        await wait_for(waiting, 20, "the long poll waiting on the leader", cluster)
+        assert not poll.done()
+        t0 = time.monotonic()
         status, _ = await post(s, f"{a}/v1/topics/later/messages", {"messages": [{"body": "x"}]})
         assert status == 200
         status, got = await asyncio.wait_for(poll, 30)
         assert status == 200 and [m["body"] for m in got["messages"]] == ["x"]
-        assert time.monotonic() - t0 < 20  # woken, not timed out
+        # Woken by the message, not by the recheck every RECHECK_S (nor wait_ms).
+        assert (await node_view(s, served))["pull_wakes"] > before["pull_wakes"]
+        assert time.monotonic() - t0 < RECHECK_S, "the long poll was not woken"
         # Nothing left: an empty answer once wait_ms passes.
         status, got = await post(s, f"{a}/v1/groups/g/pop", {"topic": "later", "wait_ms": 200})
         assert status == 200 and got == {"messages": []}

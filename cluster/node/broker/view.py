@@ -49,6 +49,7 @@ class ClusterView(Members):
             "last_election_ms": self.last_election_ms,
             "pull_waiters": self.waiters.waiting,
             "pull_waited_queues": self.waiters.queues,
+            "pull_wakes": self.waiters.wakes,
             "http_connections": self.connections.stats() if self.connections else None,
             "leader_changes": list(self.leader_changes)[-5:],
             "disk": None if self.disk is None else self.disk.stats(),
