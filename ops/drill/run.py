@@ -3,7 +3,8 @@
 The cluster is started by the drill, on loopback, or (when a partition fault is asked for and
 the drill runs as root) with each node in its own network namespace. Faults run one at a
 time: a warm-up, then each fault of ``--faults`` in turn (in an order drawn from ``--seed``),
-each followed by a quiet period, until ``--duration`` is over. Producers then stop, the
+each followed by a quiet period, until ``--duration`` is over (each fault asked for runs at
+least once, also when that takes longer). Producers then stop, the
 consumers drain, and the checker reads the history. The churn faults need no root:
 ``transfer-leader`` moves the leadership 3-5 times in a row and ``membership`` removes a
 follower while it runs and adds it back; the RTO table then also gives, per fault, the time
@@ -17,6 +18,13 @@ is removed when it ends, also on Ctrl-C or failure. The output directory keeps t
 ``--client http`` (the default) produces and pulls over the HTTP API; ``--client grpc`` sends
 with the official RocketMQ 5 ``Producer`` and receives and acks with its ``SimpleConsumer``
 (pop consumption), see :mod:`chronomq.ops.drill.grpc_workload`. The checker is the same.
+
+Exit status: 0 when every fault asked for ran and nothing was lost, repeated, early or invented;
+1 on a safety violation (or replicas that did not converge, a node that failed); 2 when a
+fault asked for did not run (it cannot run here, or the drill stopped before it), naming each
+and why, or on a bad argument; 3 when the cluster could not be started. The JSON's ``safe`` is
+true only when every fault asked for ran and nothing unsafe was found. ``--allow-skip`` accepts such
+a drill: exit 0 when what ran was safe (``safe`` stays false, ``faults_not_run`` says why).
 """
 
 from __future__ import annotations
@@ -263,14 +271,16 @@ async def _run_faults(
     args: argparse.Namespace, ctx: faultlib.FaultContext, order: list[str], state: DrillState
 ) -> None:
     """The warm-up, then each fault of ``order`` and a quiet period after it, until the
-    drill's duration is over; each fault healed before the next."""
+    drill's duration is over and each fault of ``order`` ran once; each fault healed before the
+    next."""
     found = state.found
     started = time.monotonic()
     await state.enter("warm-up")
     await asyncio.sleep(WARMUP_S)
     try:
         for name in order:
-            if time.monotonic() - started > args.duration:
+            over = time.monotonic() - started > args.duration
+            if over and set(order) <= set(found["faults_run"]):
                 break
             await state.enter(f"fault {name}")
             detail = await faultlib.inject(name, ctx)
@@ -517,6 +527,7 @@ def _interrupted(result: dict[str, Any], out: str | None) -> int:
     else:
         print_rows([("nodes", result["nodes"]), ("seed", result["seed"])])
     print(f"faults run: {', '.join(result['faults_run']) or 'none'}")
+    result["safe"] = False  # a partial run shows nothing safe
     write_json(result, out)
     print(
         f"chronomq drill: interrupted; everything it started was stopped; history and logs "
@@ -546,6 +557,8 @@ def _table(result: dict[str, Any]) -> None:
         # Every node lost its newest entries (flush = async): consumers were told (prev).
         rows.append(("consumer rewinds", result["rewinds"]))
     print_rows(rows)
+    for name, why in result.get("faults_not_run", {}).items():
+        print(f"fault not run: {name}: {why}")
     for finding in result.get("findings", []):
         print(f"finding: {finding}")
     if result.get("power_cut_summary"):
@@ -650,24 +663,58 @@ def main(args: argparse.Namespace) -> int:
         return 3
     if result.get("interrupted"):
         return _interrupted(result, args.out)
+    not_run = faults_not_run(args.faults, result)
+    result["faults_not_run"] = not_run
+    safe = all(result[name] == 0 for name in SAFETY)
+    converged = result.get("replicas_converged", False) and not result.get("aborted")
+    result["safe"] = safe and converged and not not_run
     _table(result)
     write_json(result, args.out)
     if not args.keep and args.out_dir is None:
         shutil.rmtree(result["out_dir"], ignore_errors=True)
-    safe = all(result[name] == 0 for name in SAFETY)
-    if not result.get("replicas_converged", False) or result.get("aborted"):
+    if not converged:
         print(
             f"chronomq drill: replicas did not converge or a node failed "
             f"(seed {args.seed}): {result.get('aborted') or 'digests differ'}",
             file=sys.stderr,
         )
-        safe = False
     if not safe:
         print(
             f"chronomq drill: SAFETY VIOLATION (seed {args.seed}); examples: {result['examples']}",
             file=sys.stderr,
         )
-    return 0 if safe else 1
+    if not (safe and converged):
+        return 1
+    if not_run:
+        what = "; ".join(f"{name}: {why}" for name, why in not_run.items())
+        if args.allow_skip:
+            print(
+                f"chronomq drill: faults not run, allowed by --allow-skip ({what}); what ran "
+                "was safe, the JSON's safe is false",
+                file=sys.stderr,
+            )
+            return 0
+        print(
+            f"chronomq drill: FAULTS NOT RUN, so not shown safe ({what}); --allow-skip "
+            "accepts a drill that runs only some of its faults",
+            file=sys.stderr,
+        )
+        return 2
+    return 0
+
+
+def faults_not_run(asked: list[str], result: dict[str, Any]) -> dict[str, str]:
+    """Each fault of ``asked`` that did not run, and why."""
+    ran = set(result.get("faults_run", []))
+    skipped: dict[str, str] = result.get("skipped_faults", {})
+    why_stopped = (
+        f"the drill's faults stopped before it: {result['aborted']}"
+        if result.get("aborted")
+        else "the drill ended before it"
+    )
+    return {
+        name: skipped.get(name, why_stopped) for name in dict.fromkeys(asked) if name not in ran
+    }
 
 
 def _faults_arg(text: str) -> list[str]:
@@ -731,4 +778,11 @@ def register(subparsers: Any) -> None:
         help="node i uses Raft port + i, and + 1000 for catch-up (default 24080)",
     )
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="extra node config")
+    p.add_argument(
+        "--allow-skip",
+        dest="allow_skip",
+        action="store_true",
+        help="exit 0 when a fault asked for could not run here but what ran was safe (without "
+        "it such a drill exits 2); the JSON's safe stays false",
+    )
     p.set_defaults(func=main)

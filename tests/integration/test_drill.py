@@ -147,6 +147,53 @@ def test_churn_drill_moves_the_leadership_and_a_member_safely(tmp_path: Path) ->
     assert not leftover_nodes(tmp_path / "run")
 
 
+def test_a_drill_whose_faults_could_not_run_is_not_safe(tmp_path: Path) -> None:
+    """Partition faults need the ``ip`` and ``nft`` commands: with neither on the PATH the
+    drill runs none of them, says which and why, exits 2 and its JSON's ``safe`` is false;
+    ``--allow-skip`` accepts a drill that runs only some of its faults (exit 0, ``safe``
+    still false for the one that did not run)."""
+    bare = tmp_path / "bin"  # a PATH without ip and nft (the drill finds them with which)
+    bare.mkdir()
+    env = {**os.environ, "PATH": str(bare)}
+    seed = random.randrange(1, 10**6)
+    none = tmp_path / "none"
+    proc = subprocess.run(
+        drill_cmd(none, "partition-leader", 6, seed),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        env=env,
+    )
+    detail = f"seed {seed}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 2, detail
+    result = json.loads((none / "drill.json").read_text())
+    assert result["faults_run"] == [] and result["safe"] is False, detail
+    why = result["faults_not_run"]["partition-leader"]
+    assert "partition faults need" in why, detail
+    assert f"fault not run: partition-leader: {why}" in proc.stdout, detail
+    assert "FAULTS NOT RUN" in proc.stderr and "partition-leader" in proc.stderr, detail
+    assert not leftover_nodes(none / "run")
+
+    some = tmp_path / "some"
+    proc = subprocess.run(
+        drill_cmd(some, "kill-leader,partition-leader", 8, seed, 3, "--allow-skip"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        env=env,
+    )
+    detail = f"seed {seed}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, detail
+    result = json.loads((some / "drill.json").read_text())
+    assert result["faults_run"] == ["kill-leader"] and result["lost"] == 0, detail
+    assert list(result["faults_not_run"]) == ["partition-leader"], detail
+    assert result["safe"] is False, detail
+    assert "allowed by --allow-skip" in proc.stderr, detail
+    assert not leftover_nodes(some / "run")
+
+
 def test_grpc_drill_with_the_official_client_through_a_leader_kill(tmp_path: Path) -> None:
     """``--client grpc``: the official Producer sends plain, timer and delay-level messages,
     SimpleConsumers receive and ack them, one leader is killed. Nothing lost, acked twice,
