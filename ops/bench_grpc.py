@@ -41,6 +41,7 @@ from typing import Any
 from chronomq.cluster.process.launcher import LocalCluster, parse_sets
 from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
 from chronomq.ops.benchutil import (
+    cluster_command,
     cpu_figures,
     cpu_sample,
     figure_rows,
@@ -515,4 +516,4 @@ def register(subparsers: Any) -> None:
     add_data_dir_argument(p)
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config key for every node")
     p.add_argument("--out", help="write the figures as JSON here")
-    p.set_defaults(func=main)
+    p.set_defaults(func=cluster_command("bench grpc", main))

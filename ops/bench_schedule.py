@@ -24,7 +24,14 @@ from typing import Any
 from chronomq.aio import Client
 from chronomq.cluster.process.launcher import LocalCluster, parse_sets
 from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
-from chronomq.ops.benchutil import non_negative, port_base, positive, print_figures, progress
+from chronomq.ops.benchutil import (
+    cluster_command,
+    non_negative,
+    port_base,
+    positive,
+    print_figures,
+    progress,
+)
 from chronomq.ops.stats import percentile
 
 TOPIC = "bench-delayed"
@@ -274,4 +281,4 @@ def register(subparsers: Any) -> None:
         help="node i uses Raft port + i",
     )
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="extra node config")
-    p.set_defaults(func=main)
+    p.set_defaults(func=cluster_command("bench schedule", main))

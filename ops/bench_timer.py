@@ -40,6 +40,7 @@ from chronomq.cluster.process.launcher import LocalCluster, parse_sets
 from chronomq.cluster.process.stopping import take_signals
 from chronomq.ops.benchdir import add_data_dir_argument, bench_dir
 from chronomq.ops.benchutil import (
+    cluster_command,
     cpu_sample,
     figure_rows,
     node_cpu_s,
@@ -458,4 +459,4 @@ def register(subparsers: Any) -> None:
     add_data_dir_argument(p)
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config key for every node")
     p.add_argument("--out", help="write the figures as JSON here")
-    p.set_defaults(func=main)
+    p.set_defaults(func=cluster_command("bench timer", main))

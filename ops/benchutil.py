@@ -12,12 +12,16 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from chronomq.cluster.cli.output import print_rows, write_json
+from chronomq.cluster.config.nodeconfig import ConfigError
+
+EXIT_BAD_CONFIG = 2
+EXIT_COULD_NOT_RUN = 3
 
 
 def _whole(text: str, low: int, high: int | None = None) -> int:
@@ -45,6 +49,26 @@ def non_negative(text: str) -> int:
 def port_base(text: str) -> int:
     """An ``argparse`` type: a TCP port the nodes' ports start from."""
     return _whole(text, 1, 65_000)
+
+
+def cluster_command(
+    command: str, main: Callable[[argparse.Namespace], int]
+) -> Callable[[argparse.Namespace], int]:
+    """``main`` of a benchmark that starts its own cluster, telling a cluster that cannot start
+    in one line rather than a traceback: ports that clash or a bad setting (exit 2, naming
+    the settings), a node that exits or is killed, or no leader (exit 3)."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return main(args)
+        except ConfigError as exc:
+            print(f"chronomq {command}: bad configuration: {exc}", file=sys.stderr)
+            return EXIT_BAD_CONFIG
+        except (RuntimeError, TimeoutError) as exc:
+            print(f"chronomq {command}: could not run: {exc}", file=sys.stderr)
+            return EXIT_COULD_NOT_RUN
+
+    return run
 
 
 def progress(msg: str) -> None:

@@ -74,7 +74,9 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     cluster.start()
     for i in range(args.nodes):
         print(
-            f"node {i}  {cluster.http_url(i)}  grpc {cluster.grpc_address(i)}  raft 127.0.0.1:{args.raft_port + i}  log {cluster.node_dir(i) / 'node.log'}",
+            f"node {i}  {cluster.http_url(i)}  grpc {cluster.grpc_address(i)}  "
+            f"raft 127.0.0.1:{args.raft_port + i}  catch-up 127.0.0.1:{cluster.fetch_port + i}  "
+            f"log {cluster.node_dir(i) / 'node.log'}",
             flush=True,
         )
     t0 = time.monotonic()
@@ -97,15 +99,10 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             else:
                 time.sleep(0.2)
             for i in range(args.nodes):
-                if (
-                    not cluster.alive(i)
-                    and i in cluster.procs
-                    and cluster.procs[i].returncode not in (0, -9, -15, None)
-                ):
-                    print(
-                        f"node {i} exited with {cluster.procs[i].returncode}; see {cluster.node_dir(i) / 'node.log'}",
-                        file=sys.stderr,
-                    )
+                # Any end is news here (nothing but Ctrl-C stops a node): a bind error, a
+                # storage fault, or a signal such as the out-of-memory killer's SIGKILL.
+                if not stopping and i in cluster.procs and not cluster.alive(i):
+                    print(f"chronomq cluster up: {cluster.exit_report(i)}", file=sys.stderr)
                     cluster.procs.pop(i)
     finally:
         print("stopping", flush=True)
@@ -317,13 +314,15 @@ def build_parser(extend: Callable[[Any], None] | None = None) -> argparse.Argume
         "--raft-port",
         type=int,
         default=9080,
-        help="node i uses Raft port + i, and + 1000 for catch-up (default 9080)",
+        help="node i uses Raft port + i, and + 1000 for catch-up (moved on by 1000 while that "
+        "would clash with another port; default 9080)",
     )
     up.add_argument(
         "--grpc-port",
         type=int,
         default=None,
-        help="node i serves the RocketMQ 5 gRPC endpoint on this port + i (default HTTP port + 100)",
+        help="node i serves the RocketMQ 5 gRPC endpoint on this port + i (default HTTP port + "
+        "100, moved on by 100 while that would clash with another port)",
     )
     up.add_argument(
         "--data-dir", default="./var", help="node i's files go to DATA_DIR/node-i (default ./var)"

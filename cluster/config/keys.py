@@ -68,7 +68,9 @@ KEYS: tuple[Key, ...] = (
         "fetch_port",
         int,
         0,
-        "Port of the CommitLog catch-up channel; 0 means raft_port + 1000.",
+        "Port of the CommitLog catch-up channel; 0 means raft_port + 1000. A node whose "
+        "http_port, grpc_port, raft_port and fetch_port are not four different ports (on one "
+        "address) does not start, naming both keys.",
         min=0,
         max=65535,
     ),

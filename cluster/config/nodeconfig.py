@@ -39,6 +39,32 @@ class ConfigError(ValueError):
         self.problem = problem
 
 
+@dataclass(frozen=True, slots=True)
+class Listener:
+    """A port a node listens on: the setting that gives it, the address, and what it is
+    derived from when the setting is 0 (empty: set directly)."""
+
+    setting: str
+    host: str
+    port: int
+    derived_from: str
+
+    def describe(self) -> str:
+        if self.derived_from:
+            return f"{self.setting} ({self.derived_from} = {self.port})"
+        return f"{self.setting} ({self.port})"
+
+
+_ANY_HOST = frozenset({"", "0.0.0.0", "::", "*", "[::]"})
+
+
+def hosts_overlap(a: str, b: str) -> bool:
+    """Whether listening on ``a`` and on ``b`` with one port would clash."""
+    names = {"localhost": "127.0.0.1"}
+    a, b = names.get(a, a), names.get(b, b)
+    return a == b or a in _ANY_HOST or b in _ANY_HOST
+
+
 # ---------------------------------------------------------------------- renamed keys
 
 _warned: set[str] = set()
@@ -290,10 +316,48 @@ class NodeConfig:
             raise ConfigError("raft_max_timeout_ms", "must be greater than raft_min_timeout_ms")
         if not self.grpc_port and self.http_port + 100 > 65535:
             raise ConfigError("grpc_port", "set it: http_port + 100 is not a port")
+        if not self.fetch_port and self.raft_port + 1000 > 65535:
+            raise ConfigError("fetch_port", "set it: raft_port + 1000 is not a port")
+        self._check_ports()
         if self.raft_min_timeout_ms <= 3 * self.append_entries_period_ms:
             raise ConfigError(
                 "raft_min_timeout_ms", "must be more than 3 x append_entries_period_ms"
             )
+
+    def listeners(self) -> list[Listener]:
+        """Each port this node listens on, with the setting that gives it."""
+        return [
+            Listener("http_port", self.http_host, self.http_port, ""),
+            Listener(
+                "grpc_port",
+                self.grpc_bind_host,
+                self.grpc_listen_port,
+                "" if self.grpc_port else "http_port + 100",
+            ),
+            Listener("raft_port", self.raft_host, self.raft_port, ""),
+            Listener(
+                "fetch_port",
+                self.raft_host,
+                self.fetch_listen_port,
+                "" if self.fetch_port else "raft_port + 1000",
+            ),
+        ]
+
+    def _check_ports(self) -> None:
+        """Two listeners on one port of one address would leave the node dead at start with a
+        bind error: refuse it here, naming both settings."""
+        found = self.listeners()
+        for k, b in enumerate(found):
+            for a in found[:k]:
+                if a.port == b.port and hosts_overlap(a.host, b.host):
+                    # A derived one first (it is the one to set), else in this order.
+                    first, second = (b, a) if b.derived_from and not a.derived_from else (a, b)
+                    raise ConfigError(
+                        first.setting,
+                        f"{first.describe()} is also {second.describe()}: each of http_port, "
+                        f"grpc_port, raft_port and fetch_port needs a port of its own; set "
+                        f"{first.setting}",
+                    )
 
     def _parse_peers(self, peers: list[Any]) -> tuple[Peer, ...]:
         out = []
@@ -365,7 +429,12 @@ class NodeConfig:
 
     @property
     def fetch_address(self) -> str:
-        return f"{self.raft_host}:{self.fetch_port or self.raft_port + 1000}"
+        return f"{self.raft_host}:{self.fetch_listen_port}"
+
+    @property
+    def fetch_listen_port(self) -> int:
+        """The catch-up channel's port: ``fetch_port``, or ``raft_port + 1000`` when it is 0."""
+        return int(self.fetch_port or self.raft_port + 1000)
 
     @property
     def grpc_listen_port(self) -> int:

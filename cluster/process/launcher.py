@@ -2,8 +2,9 @@
 
 Node ``i`` (0-based) serves HTTP on ``127.0.0.1:http_port+i``, the RocketMQ 5 gRPC endpoint on
 ``grpc_port+i`` (default ``http_port+100+i``), Raft on ``raft_port+i`` and its catch-up channel
-on ``raft_port+i+1000``; its files live in ``data_dir/node-i``, its config in
-``node-i/node.toml`` and its log in ``node-i/node.log``.
+on ``fetch_port+i`` (default ``raft_port+1000+i``); a derived default that would clash with
+another port moves on (:mod:`chronomq.cluster.process.ports`). Its files live in
+``data_dir/node-i``, its config in ``node-i/node.toml`` and its log in ``node-i/node.log``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from chronomq.cluster.config.nodeconfig import (
     parse_setting,
     to_toml,
 )
+from chronomq.cluster.process.ports import plan_ports
 
 HOST = "127.0.0.1"
 
@@ -82,6 +84,47 @@ def generated_secret(path: Path) -> Path:
     return path
 
 
+LOG_TAIL_BYTES = 64 * 1024
+"""How much of a node's log :func:`last_error` reads from its end."""
+
+
+def describe_exit(returncode: int | None) -> str:
+    """``exited with N``, or ``was killed by SIGNAME``, saying what usually sends SIGKILL."""
+    if returncode is None:
+        return "is running"
+    if returncode >= 0:
+        return f"exited with {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    if -returncode == signal.SIGKILL:
+        return f"was killed by {name} (the kernel's out-of-memory killer sends it, as does kill -9)"
+    return f"was killed by {name}"
+
+
+def last_error(log: Path) -> str | None:
+    """The message of the last ERROR (or CRITICAL) line of a node's log, JSON or text."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - LOG_TAIL_BYTES))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if line.startswith("{"):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("level") in ("error", "critical"):
+                return str(record.get("msg"))
+        elif " ERROR " in line or " CRITICAL " in line:
+            return line.strip()
+    return None
+
+
 class LocalCluster:
     def __init__(
         self,
@@ -98,21 +141,26 @@ class LocalCluster:
         prefix: Callable[[int], list[str]] | None = None,
         node_env: Mapping[int, Mapping[str, str]] | None = None,
         grpc_port: int | None = None,
+        fetch_port: int | None = None,
     ) -> None:
         """``initial``: how many nodes form the cluster; later ones are configured to join it.
 
         ``hosts`` gives each node its own address (default 127.0.0.1 for all), ``prefix`` a
         command to start node ``i`` under (e.g. ``ip netns exec``), ``node_env`` extra
         environment per node (e.g. libfaketime). ``grpc_port``: node ``i`` serves gRPC on
-        ``grpc_port + i`` (default: its HTTP port + 100).
+        ``grpc_port + i``, ``fetch_port``: its catch-up channel on ``fetch_port + i`` (default:
+        derived so that no two ports clash, see :mod:`chronomq.cluster.process.ports`).
+        :class:`ConfigError` naming both settings when given ports clash.
         """
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
         self.n = nodes
         self.data_dir = Path(data_dir).absolute()
+        self.ports = plan_ports(nodes, http_port, raft_port, grpc_port, fetch_port)
         self.http_port = http_port
         self.raft_port = raft_port
-        self.grpc_port = grpc_port if grpc_port is not None else http_port + 100
+        self.grpc_port = self.ports.grpc.base
+        self.fetch_port = self.ports.fetch.base
         self.settings = dict(settings or {})
         self.node_settings = {i: dict(s) for i, s in (node_settings or {}).items()}
         self.env = dict(env or {})
@@ -199,7 +247,7 @@ class LocalCluster:
                 "id": j,
                 "raft": f"{self.hosts[j]}:{self.raft_port + j}",
                 "http": self.http_url(j),
-                "fetch": f"{self.hosts[j]}:{self.raft_port + j + 1000}",
+                "fetch": f"{self.hosts[j]}:{self.fetch_port + j}",
             }
             for j in range(self.n if i >= self.initial else self.initial)
             if j != i
@@ -211,7 +259,7 @@ class LocalCluster:
             "http_port": self.http_port + i,
             "raft_host": self.hosts[i],
             "raft_port": self.raft_port + i,
-            "fetch_port": self.raft_port + i + 1000,
+            "fetch_port": self.fetch_port + i,
             "grpc_port": self.grpc_port + i,
         }
         for settings in (self.settings, self.node_settings.get(i, {})):
@@ -342,6 +390,18 @@ class LocalCluster:
                 p.wait(timeout=10)
             self._reap(i)
 
+    def exit_report(self, i: int) -> str:
+        """How node ``i``'s process ended (its status, or the signal that killed it, by name)
+        and the last error it logged, for a node that ended by itself."""
+        p = self.procs[i]
+        log = self.node_dir(i) / "node.log"
+        said = last_error(log)
+        return (
+            f"node {i} {describe_exit(p.returncode)}"
+            + (f": {said}" if said else "")
+            + f"; see {log}"
+        )
+
     # ------------------------------------------------------------------ state
 
     def node_status(self, i: int, timeout_s: float = 1.0) -> dict[str, Any] | None:
@@ -375,9 +435,7 @@ class LocalCluster:
             for i in range(self.n):
                 p = self.procs.get(i)
                 if p is not None and p.poll() is not None and p.returncode not in (0, -9, -15):
-                    raise RuntimeError(
-                        f"node {i} exited with {p.returncode}; see {self.node_dir(i) / 'node.log'}"
-                    )
+                    raise RuntimeError(self.exit_report(i))
             leader = self.leader(among)
             if leader is not None:
                 # Callers assume the others know it too (forwarding, /readyz, the cluster

@@ -72,15 +72,20 @@ async def serve(
             record_rules=reserved.apply_rules(),
         )
     except ListenError as exc:
-        # As for the Raft, HTTP and gRPC ports: say which address, and stop.
-        log.error("%s; stopping, as no peer could catch up from this node", exc)
+        # As for the Raft, HTTP and gRPC ports: say which address and setting, and stop.
+        log.error(
+            "%s (%s); stopping, as no peer could catch up from this node",
+            exc,
+            _port_setting(config, "fetch_port"),
+        )
         return 2
     unbound = await asyncio.to_thread(raftlog.wait_listening, RAFT_BIND_TIMEOUT_S)
     if unbound is not None:
         log.error(
-            "cannot listen for Raft on %s: %s (tried for %.0f s); stopping, as no peer could "
-            "reach this node",
+            "cannot listen for Raft on %s (%s): %s (tried for %.0f s); stopping, as no peer "
+            "could reach this node",
             config.raft_address,
+            _port_setting(config, "raft_port"),
             unbound,
             RAFT_BIND_TIMEOUT_S,
         )
@@ -103,7 +108,13 @@ async def serve(
     try:
         await site.start()
     except OSError as exc:
-        log.error("cannot listen on %s:%s: %s", config.http_host, config.http_port, exc)
+        log.error(
+            "cannot listen for HTTP on %s:%s (%s): %s",
+            config.http_host,
+            config.http_port,
+            _port_setting(config, "http_port"),
+            exc,
+        )
         close_services(services)
         raftlog.close()
         node_logs.close()
@@ -112,7 +123,7 @@ async def serve(
     try:
         await grpc_endpoint.start()
     except (OSError, ConfigError) as exc:
-        log.error("cannot serve gRPC: %s", exc)
+        log.error("cannot serve gRPC (%s): %s", _port_setting(config, "grpc_port"), exc)
         await runner.cleanup()
         close_services(services)
         raftlog.close()
@@ -135,6 +146,11 @@ async def serve(
     await asyncio.to_thread(node_logs.close)
     log.info("stopped")
     return 0
+
+
+def _port_setting(config: NodeConfig, setting: str) -> str:
+    """The setting that gives a port, and how it was derived (for a bind error)."""
+    return next(x.describe() for x in config.listeners() if x.setting == setting)
 
 
 def fd_budget(config: NodeConfig) -> FdBudget:

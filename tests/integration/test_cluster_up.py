@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -17,7 +18,11 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import free_port_base, stop_signals_blocked_and_ignored
+from tests.integration.conftest import (
+    _bindable,
+    free_port_base,
+    stop_signals_blocked_and_ignored,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -144,3 +149,137 @@ def _check_secrets_stay_private(up_pid: int, data_dir: Path) -> None:
     ]
     for path in private:
         assert path.stat().st_mode & 0o777 == 0o600, (path, oct(path.stat().st_mode))
+
+
+def _up(tmp_path: Path, *ports: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "chronomq",
+        "cluster",
+        "up",
+        "--nodes",
+        "3",
+        *ports,
+        "--data-dir",
+        str(tmp_path / "var"),
+    ]
+
+
+def _node_pid(config: Path) -> int:
+    """The pid of the node process started with ``config`` (found in /proc)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(config).encode() in args:
+            return int(entry.name)
+    raise AssertionError(f"no process runs {config}")
+
+
+def test_clashing_ports_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    """Given ports that clash (gRPC on the Raft ports; HTTP and Raft blocks overlapping) are
+    refused naming both settings, by ``cluster up`` and by a benchmark that starts its own
+    cluster, with no node started and no traceback."""
+    http, raft = free_port_base(3, random.Random())
+    cases = [
+        (
+            _up(
+                tmp_path,
+                "--http-port",
+                str(http),
+                "--raft-port",
+                str(raft),
+                "--grpc-port",
+                str(raft),
+            ),
+            "chronomq cluster up",
+            ("grpc_port", "raft_port"),
+        ),
+        (
+            _up(tmp_path, "--http-port", str(http), "--raft-port", str(http + 2)),
+            "chronomq cluster up",
+            ("raft_port", "http_port"),
+        ),
+        (
+            [
+                sys.executable,
+                "-m",
+                "chronomq",
+                "bench",
+                "produce",
+                "--http",
+                "--nodes",
+                "3",
+                "--http-port",
+                str(http),
+                "--raft-port",
+                str(http + 1),
+                "--messages",
+                "10",
+                "--data-dir",
+                str(tmp_path / "bench"),
+            ],
+            "chronomq bench produce",
+            ("raft_port", "http_port"),
+        ),
+    ]
+    for cmd, who, settings in cases:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+        out = done.stdout + done.stderr
+        assert done.returncode == 2, out
+        assert "Traceback" not in out, out
+        assert f"{who}: bad configuration:" in done.stderr, out
+        first, second = settings
+        assert done.stderr.index(first) < done.stderr.index(second), out
+    assert not list(tmp_path.rglob("node.log"))
+
+
+def test_derived_ports_never_clash_and_a_killed_node_is_named(tmp_path: Path) -> None:
+    """``--raft-port`` at ``--http-port + 100``, where gRPC's default used to be: the gRPC
+    ports move on instead of clashing, the cluster comes up; a node then killed with SIGKILL
+    (as the out-of-memory killer does) is reported by name of the signal."""
+    rng = random.Random()
+    for _ in range(50):
+        http, _ = free_port_base(3, rng)
+        ports = [http + k + i for k in (0, 100, 200, 1100) for i in range(3)]
+        if all(_bindable(p) for p in ports):
+            break
+    else:
+        raise AssertionError("no free ports for the cluster")
+    proc = subprocess.Popen(
+        _up(tmp_path, "--http-port", str(http), "--raft-port", str(http + 100)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=stop_signals_blocked_and_ignored,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        lines: list[str] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line.rstrip())
+            if line.startswith("ready"):
+                break
+        assert any(line.startswith("ready") for line in lines), (lines, proc.stderr.read())
+        assert f"grpc 127.0.0.1:{http + 200}" in lines[0], lines
+        os.kill(_node_pid(tmp_path / "var" / "node-1" / "node.toml"), signal.SIGKILL)
+        ready, _, _ = select.select([proc.stderr], [], [], 30)
+        assert ready, "cluster up said nothing of the killed node within 30 s"
+        said = proc.stderr.readline()
+        assert said.startswith("chronomq cluster up: node 1 was killed by SIGKILL"), said
+        assert "out-of-memory" in said and "node-1/node.log" in said, said
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise

@@ -6,6 +6,7 @@ import re
 import shutil
 import socket
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,29 +47,37 @@ def test_every_listener_binds_the_configured_host(make_cluster: Any) -> None:
         assert _listening(cluster.procs[i].pid) == expected, f"node {i}"
 
 
-# (the taken port, as an offset from the Raft base, and what node 2 then logs). pysyncobj
-# retries a failed Raft bind forever without a word: the node would serve HTTP while no peer
-# can reach it, and never learn a leader. A taken catch-up port (Raft + 1000) exited 1 with
-# asyncio's bare error.
-TAKEN_PORTS = [
-    (2, "cannot listen for Raft on 127.0.0.1:{port}", f"(tried for {RAFT_BIND_TIMEOUT_S:.0f} s)"),
-    (1002, "cannot listen for catch-up on 127.0.0.1:{port}", "Address already in use"),
+# (the setting, node 2's port of it from the HTTP and Raft bases, and what node 2 then logs).
+# pysyncobj retries a failed Raft bind forever without a word: the node would serve HTTP while
+# no peer can reach it, and never learn a leader. A taken catch-up port (Raft + 1000) exited 1
+# with asyncio's bare error. Each error names the address and the setting that gives it.
+TAKEN_PORTS: list[tuple[str, Callable[[int, int], int], str]] = [
+    ("raft_port", lambda http, raft: raft + 2, "cannot listen for Raft on 127.0.0.1:{port}"),
+    (
+        "fetch_port",
+        lambda http, raft: raft + 1002,
+        "cannot listen for catch-up on 127.0.0.1:{port}",
+    ),
+    ("http_port", lambda http, raft: http + 2, "cannot listen for HTTP on 127.0.0.1:{port}"),
+    ("grpc_port", lambda http, raft: http + 102, "cannot listen on 127.0.0.1:{port}"),
 ]
 
 
-@pytest.mark.parametrize(("offset", "said", "also_said"), TAKEN_PORTS, ids=["raft", "catch-up"])
+@pytest.mark.parametrize(
+    ("setting", "port_of", "said"), TAKEN_PORTS, ids=[t[0] for t in TAKEN_PORTS]
+)
 def test_a_node_whose_port_is_taken_stops_and_says_why(
-    tmp_path: Path, offset: int, said: str, also_said: str
+    tmp_path: Path, setting: str, port_of: Callable[[int, int], int], said: str
 ) -> None:
-    """A node whose Raft or catch-up port is taken exits (status 2) naming the address, as it
-    does for a taken HTTP or gRPC port; the test clusters then start again on other ports."""
+    """A node whose Raft, catch-up, HTTP or gRPC port is taken exits (status 2) naming the
+    address and the setting; the test clusters then start again on other ports."""
     clusters: list[LocalCluster] = []
     with socket.socket() as squatter:
 
         def build(http: int, raft: int, attempt: int) -> LocalCluster:
             if attempt == 0:  # someone takes node 2's port first
                 squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                squatter.bind(("127.0.0.1", raft + offset))
+                squatter.bind(("127.0.0.1", port_of(http, raft)))
                 squatter.listen()
             c = LocalCluster(3, tmp_path / f"c{attempt}", http_port=http, raft_port=raft)
             clusters.append(c)
@@ -80,9 +89,13 @@ def test_a_node_whose_port_is_taken_stops_and_says_why(
             assert len(clusters) == 2 and cluster is clusters[1]
             assert first.procs[2].returncode == 2
             log = (first.node_dir(2) / "node.log").read_text()
-            assert said.format(port=first.raft_port + offset) in log, log[-2000:]
-            assert "Address already in use" in log
-            assert also_said in log
+            port = port_of(first.http_port, first.raft_port)
+            assert said.format(port=port) in log, log[-2000:]
+            assert f"{setting} ({port})" in log, log[-2000:]
+            if setting != "grpc_port":  # grpcio says only that it could not bind
+                assert "Address already in use" in log, log[-2000:]
+            if setting == "raft_port":
+                assert f"(tried for {RAFT_BIND_TIMEOUT_S:.0f} s)" in log
             cluster.wait_leader(60)
             cluster.wait_all_know_leader(30)
         finally:
