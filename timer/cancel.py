@@ -49,8 +49,10 @@ def decide_cancel(
     wheel: SlotReader,
     log: RecordReader,
     geometry: SlotGeometry,
+    floor: int = 0,
 ) -> CancelDecision:
-    """Answer a cancel of the message with uniq-key hash ``key_hash`` due at ``target_deliver_ms``."""
+    """Answer a cancel of the message with uniq-key hash ``key_hash`` due at ``target_deliver_ms``;
+    chains are read down to ``floor``, the replicated TimerLog reclaim position."""
     slot_ms = geometry.slot_ms(target_deliver_ms)
     cursor_ms = committed.slot_ms
     if slot_ms < cursor_ms:
@@ -59,7 +61,7 @@ def decide_cancel(
         slot = wheel.get(slot_ms)
         if slot.is_empty:
             return CancelDecision(CancelStatus.UNKNOWN, False, "target slot no longer in the wheel")
-        if key_hash in tombstone_keys(log, slot):
+        if key_hash in tombstone_keys(log, slot, floor):
             return CancelDecision(
                 CancelStatus.CANCELLED, False, "cancelled before its slot was read"
             )
@@ -67,10 +69,10 @@ def decide_cancel(
     if not geometry.in_lap(slot_ms, cursor_ms):
         return CancelDecision(CancelStatus.CANCELLED, True, "target still rolling")
     slot = wheel.get(slot_ms)
-    if key_hash in tombstone_keys(log, slot):
+    if key_hash in tombstone_keys(log, slot, floor):
         return CancelDecision(CancelStatus.CANCELLED, False, "already cancelled")
     if slot_ms == cursor_ms and committed.started:
-        pos = find_message(log, slot, key_hash)
+        pos = find_message(log, slot, key_hash, floor)
         if pos is None:
             return CancelDecision(
                 CancelStatus.UNKNOWN, False, "target not found in the slot being read"

@@ -4,6 +4,10 @@ Each slot heads two backward chains in the TimerLog: the main chain (messages to
 rolled messages to re-put) and the cancel chain (tombstones aimed at messages of this slot).
 Both are walked newest first by following ``prev_pos``.
 
+A walk stops before ``floor``, the replicated TimerLog reclaim position (kv ``timer/rc``): the
+records before it belong to slots already read and may be gone from a node's disk, so every
+replica reads a chain as ending there, whether or not it still holds those records.
+
 The planners read through the two small protocols below, so they can be driven by the real
 files or by in-memory fakes.
 """
@@ -52,10 +56,23 @@ def append_linked(log: TimerLog, wheel: TimerWheel, record: TimerRecord) -> int:
     return pos
 
 
-def tombstone_keys(log: RecordReader, slot: Slot) -> frozenset[int]:
-    """Key hashes of the messages cancelled in ``slot`` (its whole cancel chain)."""
+def walk(log: RecordReader, last_pos: int, floor: int = 0) -> Iterator[tuple[int, TimerRecord]]:
+    """A chain from ``last_pos`` backwards, down to its start or to ``floor`` (exclusive)."""
+    pos = last_pos
+    while pos != NO_POS and pos >= floor:
+        if pos >= log.end_pos:
+            raise ChainBroken("chain points outside the TimerLog", pos=pos)
+        record = log.read(pos)
+        yield pos, record
+        if record.prev_pos >= pos:
+            raise ChainBroken("chain does not go backwards", pos=pos)
+        pos = record.prev_pos
+
+
+def tombstone_keys(log: RecordReader, slot: Slot, floor: int = 0) -> frozenset[int]:
+    """Key hashes of the messages cancelled in ``slot`` (its cancel chain, down to ``floor``)."""
     keys: set[int] = set()
-    for pos, record in log.iter_chain(slot.tomb_last_pos):
+    for pos, record in walk(log, slot.tomb_last_pos, floor):
         if not record.in_tombstone_chain or record.slot_ms != slot.slot_ms:
             raise ChainBroken(
                 f"cancel chain of slot {slot.slot_ms} holds a record of slot {record.slot_ms}",
@@ -65,9 +82,10 @@ def tombstone_keys(log: RecordReader, slot: Slot) -> frozenset[int]:
     return frozenset(keys)
 
 
-def find_message(log: RecordReader, slot: Slot, key_hash: int) -> int | None:
-    """Position of the newest message (not a rolled copy) with ``key_hash`` in ``slot``."""
-    for pos, record in log.iter_chain(slot.last_pos):
+def find_message(log: RecordReader, slot: Slot, key_hash: int, floor: int = 0) -> int | None:
+    """Position of the newest message (not a rolled copy) with ``key_hash`` in ``slot`` (its
+    main chain down to ``floor``)."""
+    for pos, record in walk(log, slot.last_pos, floor):
         if record.slot_ms != slot.slot_ms:
             raise ChainBroken(
                 f"main chain of slot {slot.slot_ms} holds a record of slot {record.slot_ms}",

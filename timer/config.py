@@ -20,6 +20,9 @@ DAY_SEC = 86_400
 DEFAULT_WHEEL_SLOTS = 1_728_000
 
 
+DEFAULT_TIMER_LOG_SEGMENT_BYTES = 64 * 1024 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class TimerConfig:
     #: Slot length; deliveries are at most this late plus processing (10..1000).
@@ -35,7 +38,7 @@ class TimerConfig:
     #: Most cancels one slot may hold.
     timer_max_tombstones_each_slot: int = 100_000
     #: Size of a TimerLog segment file.
-    timer_log_segment_bytes: int = 64 * 1024 * 1024
+    timer_log_segment_bytes: int = DEFAULT_TIMER_LOG_SEGMENT_BYTES
     #: Most records handed out by one dequeue batch (one delivery command).
     timer_dequeue_batch_max: int = 512
     #: Most slots one dequeue batch may walk (bounds the work when catching up).
@@ -102,4 +105,7 @@ def timer_config_from(values: Mapping[str, Any]) -> TimerConfig:
         timer_congest_num_each_slot=min(int(values["timer_congest_num_each_slot"]), 2**31 - 1),
         timer_stop_enqueue=bool(values["timer_stop_enqueue"]),
         timer_stop_dequeue=bool(values["timer_stop_dequeue"]),
+        timer_log_segment_bytes=int(
+            values.get("timer_log_segment_bytes", DEFAULT_TIMER_LOG_SEGMENT_BYTES)
+        ),
     )

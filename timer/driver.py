@@ -15,6 +15,12 @@ millisecond; a commit that grows the timer topic wakes it to propose an enqueue.
 cursor over empty slots alone is proposed only once it lags by ``idle_advance_ms`` (2 s), so an
 idle cluster does not commit ten commands a second.
 
+**Reclaim.** At most once a second the driver looks for the first TimerLog record an apply may
+still read (:class:`~chronomq.timer.reclaim.ReclaimScanner`, from the committed state) and, when
+the start of its segment is past the replicated reclaim position, adds ``"reclaim"`` to the
+next command it proposes; every replica then deletes the segments before it at its next
+checkpoints.
+
 **Leadership.** The driver is one piece of leader-only work (``timer``) owned by
 :class:`chronomq.raftlog.leadership.Leadership`, which the log feeds with confirmed terms (a
 barrier committed in the term, so every earlier timer command is applied here and the
@@ -63,11 +69,18 @@ from chronomq.timer.machine import (
     TimerMachine,
     TimerOutcome,
 )
+from chronomq.timer.reclaim import ReclaimScanner, reclaim_position
 
 # The timer service's lines, as before the driver had a module of its own.
 log = logging.getLogger("chronomq.timer.service")
 
 OnDelivered = Callable[[list[DeliveredItem], int], None]
+
+RECLAIM_INTERVAL_S = 1.0
+"""How often the leader looks for a new TimerLog reclaim position."""
+RECLAIM_CHUNKS = 4
+"""Scans (of :data:`chronomq.timer.reclaim.CHUNK_RECORDS` records, the timer's lock released
+between them) one look may take; the next look goes on from there."""
 
 #: The driver's name as leader-only work, and its loop's.
 DRIVER_WORK = "timer"
@@ -131,6 +144,9 @@ class TimerDriver:
         # Where the last plan stopped (proposed or not): how far reading has got on the leader.
         self.scan_cursor: ReadCursor | None = None
         self._last_enq_propose = 0.0
+        self._reclaimer = ReclaimScanner()
+        self._reclaim_due = 0.0
+        self._reclaim_proposed = 0
         self._resync = False
         self._switches_pushed = False
         self._seen_cq = 0
@@ -236,6 +252,8 @@ class TimerDriver:
         self._inflight_cursor = None
         self.scan_cursor = None
         self._resync = False
+        self._reclaimer.reset()
+        self._reclaim_proposed = 0
 
     def begin(self, token: TermToken) -> None:
         """Work for ``token.term`` from now on: plan from the committed cursor."""
@@ -316,6 +334,10 @@ class TimerDriver:
             if batch is not None and not batch.is_noop:
                 payload["span"] = list(batch.span.as_tuple())
                 cursor = batch.cursor
+            reclaim = self._reclaim_position()
+            if reclaim is not None:
+                payload["reclaim"] = reclaim
+                self._reclaim_proposed = reclaim
             self._propose(payload, cursor, cq if not stop_enq else None)
             return 0.0
         # Nothing worth proposing now: sleep until the next slot falls due, or until the
@@ -327,6 +349,37 @@ class TimerDriver:
         if want_enq:
             timeout = min(timeout, max(0.0, self.enq_interval_s - since_enq))
         return timeout
+
+    def _reclaim_position(self) -> int | None:
+        """A TimerLog reclaim position past the committed one (and past what was proposed
+        already), at most once every :data:`RECLAIM_INTERVAL_S`; None otherwise."""
+        if self._mono() < self._reclaim_due:
+            return None
+        self._reclaim_due = self._mono() + RECLAIM_INTERVAL_S
+        machine, store = self.machine, self.raftlog.store
+        with machine.lock:
+            st = machine.state
+            if st.cursor is None or machine.files.log.end_pos != st.log_end:
+                return None  # no timer command yet, or the files are being aligned
+            cursor_ms, enqueued, committed = st.cursor.slot_ms, st.enqueue_offset, st.reclaim_pos
+        units = store.read_units(tm.TIMER_TOPIC, tm.TIMER_QUEUE, enqueued, 1)
+        waiting = units[0].commitlog_offset if units else None
+        cancels_before = self._reclaimer.cancels_read_before(
+            cursor_ms, store.commitlog.length, waiting
+        )
+        for _ in range(RECLAIM_CHUNKS):
+            with machine.lock:
+                tlog = machine.files.log
+                pos, done = self._reclaimer.first_needed(
+                    tlog, cursor_ms, cancels_before, from_pos=committed
+                )
+                segment_bytes = tlog.segment_bytes
+            if done:
+                found = reclaim_position(pos, segment_bytes)
+                if found > max(committed, self._reclaim_proposed):
+                    return found
+                return None
+        return None
 
     def _enqueue_expected(self, committed: int) -> int:
         """Where the enqueue offset will be once the commands in flight apply: each enqueues

@@ -24,6 +24,14 @@ On disk the wheel is written only by :meth:`TimerFiles.persist`, which runs when
 snapshot is taken, so after a restart the wheel file is normally ``W(P)`` of the snapshot the
 node restarts from and nothing needs linking at all. ``persist`` marks the wheel file dirty
 while it writes it, so a crash half-way is noticed and the wheel rebuilt instead of trusted.
+
+**Reclaim.** ``persist`` also deletes the whole TimerLog segments that end at or before both
+the replicated reclaim position (kv ``timer/rc``, below which no apply reads) and the flushed
+end, *as they stood at the checkpoint before this one*: a restart begins from a snapshot no
+older than that one, and the journal it replays reads nothing below its reclaim position, nor
+needs the TimerLog cut anywhere before its end. A TimerLog that nonetheless starts after the
+end a snapshot needs (the node restarted from an older snapshot still) starts again at the
+reclaim position's segment and is completed as a short one is.
 """
 
 from __future__ import annotations
@@ -115,6 +123,10 @@ class TimerFiles:
             self._recreate_wheel()
         self.checkpoint = cp
         self.last_align: AlignReport | None = None
+        #: (reclaim position, flushed end) of the last checkpoint this process wrote: the
+        #: next one deletes the segments below both.
+        self._reclaim_after: tuple[int, int] | None = None
+        self.reclaimed_segments = 0
 
     def _load_checkpoint(self) -> Checkpoint | None:
         try:
@@ -126,17 +138,36 @@ class TimerFiles:
     # ------------------------------------------------------------------ alignment
 
     def align(
-        self, target_end: int, fetch: Fetch | None, local: Local | None = None
+        self,
+        target_end: int,
+        fetch: Fetch | None,
+        local: Local | None = None,
+        reclaim_pos: int = 0,
     ) -> AlignReport:
         """Make the TimerLog end at ``target_end`` and the wheel ``W(target_end)``.
 
         A TimerLog that is short is completed from ``local`` (this node's CommitLog) first;
-        ``fetch`` (a peer) gets only what that could not give.
+        ``fetch`` (a peer) gets only what that could not give. One that starts after
+        ``target_end`` starts again at the segment of ``reclaim_pos`` (nothing before it is
+        read) and is completed so.
         """
         import time
 
         t0 = time.monotonic()
         rebuilt = False
+        self._reclaim_after = None  # the next checkpoint deletes nothing: this one is new
+        if self.log.start_pos > target_end:
+            restart = min(reclaim_pos, target_end)
+            log.warning(
+                "TimerLog starts at %d, after the end %d the replicated state needs: starting "
+                "it again at the segment of %d",
+                self.log.start_pos,
+                target_end,
+                restart,
+            )
+            self.log.restart_at(restart)
+            self._recreate_wheel()
+            rebuilt = True
         if self.wheel_pos > target_end:
             self._recreate_wheel()
             rebuilt = True
@@ -247,8 +278,11 @@ class TimerFiles:
         enqueue_offset: int,
         cursor: ReadCursor,
         last_delivered_ms: int,
+        reclaim_pos: int = 0,
     ) -> Checkpoint:
-        """fsync the TimerLog, write the wheel's changed slots, save the checkpoint.
+        """fsync the TimerLog, write the wheel's changed slots, save the checkpoint, then
+        delete the segments the previous checkpoint's reclaim position allows (see the module
+        docstring).
 
         The dirty marker exists while the wheel file is being written: a crash in between
         leaves it, and the next start rebuilds the wheel rather than trusting a half-written
@@ -276,6 +310,17 @@ class TimerFiles:
         save_checkpoint(self.root / CHECKPOINT_FILE, cp)
         marker.unlink(missing_ok=True)
         self.checkpoint = cp
+        if self._reclaim_after is not None:
+            dropped = self.log.drop_segments_before(min(self._reclaim_after))
+            if dropped:
+                self.reclaimed_segments += dropped
+                log.info(
+                    "TimerLog: deleted %d segment(s) before position %d; it now starts at %d",
+                    dropped,
+                    min(self._reclaim_after),
+                    self.log.start_pos,
+                )
+        self._reclaim_after = (reclaim_pos, flush_pos)
         return cp
 
     def close(self) -> None:

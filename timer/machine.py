@@ -17,6 +17,12 @@ The leader proposes timer commands (:mod:`chronomq.timer.service`); each is a JS
             TimerLog; unless stale, the DELIVER items are written to their real topics, the
             cursor becomes the span's end, and then the REPUT items go back into the timer
             topic (roll count + 1), to be enqueued by a later command.
+``reclaim`` a TimerLog position the leader found no unread slot's chain, and no cancel that a
+            message still waiting in the timer topic may need, reaches below
+            (:mod:`chronomq.timer.reclaim`): it becomes the replicated reclaim position
+            (``timer/rc``) when it is past the current one and within the TimerLog. From then
+            on every replica reads chains only down to it, and deletes the whole segments
+            before it at its next checkpoint (:meth:`chronomq.timer.files.TimerFiles.persist`).
 
 Every apply that appends TimerLog records also appends, last, their bytes to the system topic
 ``rmq_sys_timer_log`` (:mod:`chronomq.timer.logtopic`), stamped with the command's propose time: the
@@ -190,6 +196,7 @@ class TimerMachine:
                 self.state.log_end,
                 self.fetch,
                 lambda timer_log, end: logtopic.rebuild_from_store(store, timer_log, end),
+                self.state.reclaim_pos,
             )
             log.info(
                 "timer attached at index %d: cursor %s, enqueue offset %d, TimerLog end %d (%s)",
@@ -208,6 +215,7 @@ class TimerMachine:
                 enqueue_offset=st.enqueue_offset,
                 cursor=st.cursor or ReadCursor.at(0),
                 last_delivered_ms=st.last_delivered_ms,
+                reclaim_pos=st.reclaim_pos,
             )
 
     def apply(self, ctx: ApplyContext, payload: Any) -> TimerOutcome:
@@ -246,6 +254,13 @@ class TimerMachine:
                 span = payload.get("span")
                 if span is not None:
                     self._dequeue(ctx, st, span, out)
+                reclaim = payload.get("reclaim")
+                if (
+                    isinstance(reclaim, int)
+                    and not isinstance(reclaim, bool)
+                    and st.reclaim_pos < reclaim <= self.files.log.end_pos
+                ):
+                    st.reclaim_pos = reclaim
             finally:
                 appended = self.files.log.stop_capture()
             if appended:
@@ -346,7 +361,7 @@ class TimerMachine:
                     continue
                 if fields.tombstone:
                     continue  # its target's slot is read: nothing left to cancel
-                if self._cancelled(fields.deliver_ms, key_hash):
+                if self._cancelled(fields.deliver_ms, key_hash, st.reclaim_pos):
                     st.count("cancelled")
                     out.suppressed += 1
                     continue
@@ -372,13 +387,14 @@ class TimerMachine:
             problem[0] if problem else "its timer properties are unusable",
         )
 
-    def _cancelled(self, deliver_ms: int, key_hash: int) -> bool:
+    def _cancelled(self, deliver_ms: int, key_hash: int, floor: int) -> bool:
         """Whether the slot of a message found already due holds a cancel of it (the cancel
-        was stored while the message still waited in the timer topic)."""
+        was stored while the message still waited in the timer topic); its cancel chain is
+        read down to ``floor``, the replicated reclaim position."""
         slot = self.files.wheel.get(deliver_ms)
         if slot.tomb_last_pos == NO_POS:
             return False
-        return key_hash in tombstone_keys(self.files.log, slot)
+        return key_hash in tombstone_keys(self.files.log, slot, floor)
 
     def _cancel(self, ctx: ApplyContext, st: TimerState, item: Any, seq: int) -> CancelAnswer:
         assert st.cursor is not None
@@ -404,6 +420,7 @@ class TimerMachine:
             wheel=wheel,
             log=log_,
             geometry=self.geometry,
+            floor=st.reclaim_pos,
         )
         if decision.write_tombstone:
             derived = tm.cancel_record(
@@ -519,6 +536,20 @@ class TimerMachine:
         """The state as of the last applied timer command (a copy; safe from any thread)."""
         with self.lock:
             return self.state.copy()
+
+    def timerlog_stats(self) -> dict[str, int]:
+        """The TimerLog on this node's disk, and how much of it was reclaimed (any thread)."""
+        with self.lock:
+            tlog = self.files.log
+            return {
+                "bytes": tlog.size_bytes,
+                "segments": tlog.segment_count,
+                "segment_bytes": tlog.segment_bytes,
+                "start_pos": tlog.start_pos,
+                "end_pos": tlog.end_pos,
+                "reclaim_pos": self.state.reclaim_pos,
+                "segments_deleted": self.files.reclaimed_segments,
+            }
 
     def align_report(self) -> AlignReport | None:
         return self.files.last_align

@@ -32,10 +32,22 @@ OpenUrl = Callable[[str, float], Any]
 def read_log(files: TimerFiles, start: int, end: int) -> tuple[bytes, int]:
     """Records ``[start, end)`` of this node's TimerLog (at most :data:`FETCH_MAX_RECORDS`)
     for a peer completing its own; any thread."""
-    have = files.log.end_pos
+    have, first = files.log.end_pos, files.log.start_pos
     if end > have:
         raise TimerStateError(f"this node's TimerLog ends at {have}, before {end}")
-    return read_records(files.log.directory, files.log.segment_bytes, start, end, FETCH_MAX_RECORDS)
+    if start < first:
+        raise TimerStateError(
+            f"this node's TimerLog starts at {first} (segments before it were reclaimed), "
+            f"after {start}"
+        )
+    try:
+        return read_records(
+            files.log.directory, files.log.segment_bytes, start, end, FETCH_MAX_RECORDS
+        )
+    except FileNotFoundError:
+        raise TimerStateError(
+            f"this node's TimerLog no longer holds {start}: its segment was just reclaimed"
+        ) from None
 
 
 class PeerLogFetch:

@@ -13,6 +13,8 @@ kv key                   value
                          timer command, which starts it at the slot of its propose time
 ``timer/enq``            next timer-topic ConsumeQueue offset to put into the wheel
 ``timer/tl``             TimerLog end position after the last timer command
+``timer/rc``             TimerLog reclaim position: no apply reads a record before it, so
+                         each node may delete the whole segments before it (absent: 0)
 ``timer/sw/enqueue``     ``1`` while enqueue is stopped cluster-wide (absent: running)
 ``timer/sw/dequeue``     ``1`` while delivery is stopped cluster-wide (absent: running)
 ``timer/n/<counter>``    running totals (enqueued, delivered, cancelled, rolled, ...)
@@ -34,6 +36,7 @@ PREFIX = "timer/"
 CURSOR = "timer/cur"
 ENQUEUE_OFFSET = "timer/enq"
 LOG_END = "timer/tl"
+RECLAIM = "timer/rc"
 STOP_ENQUEUE = "timer/sw/enqueue"
 STOP_DEQUEUE = "timer/sw/dequeue"
 LAST_DELIVERED = "timer/last"
@@ -69,6 +72,7 @@ class TimerState:
     last_delivered_ms: int = 0
     counters: dict[str, int] = field(default_factory=dict)
     backlog: dict[str, int] = field(default_factory=dict)
+    reclaim_pos: int = 0
 
     @classmethod
     def from_kv(cls, kv: Mapping[str, object]) -> TimerState:
@@ -93,6 +97,7 @@ class TimerState:
             last_delivered_ms=_int(kv.get(LAST_DELIVERED)),
             counters=counters,
             backlog=backlog,
+            reclaim_pos=_int(kv.get(RECLAIM)),
         )
 
     def copy(self) -> TimerState:
@@ -105,6 +110,7 @@ class TimerState:
             self.last_delivered_ms,
             dict(self.counters),
             dict(self.backlog),
+            self.reclaim_pos,
         )
 
     def kv_changes(self, before: TimerState) -> dict[str, int | str | None]:
@@ -116,6 +122,8 @@ class TimerState:
             out[ENQUEUE_OFFSET] = self.enqueue_offset
         if self.log_end != before.log_end:
             out[LOG_END] = self.log_end
+        if self.reclaim_pos != before.reclaim_pos:
+            out[RECLAIM] = self.reclaim_pos
         for key, now, was in (
             (STOP_ENQUEUE, self.stop_enqueue, before.stop_enqueue),
             (STOP_DEQUEUE, self.stop_dequeue, before.stop_dequeue),

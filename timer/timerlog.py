@@ -407,7 +407,8 @@ class TimerLog:
     def drop_segments_before(self, pos: int) -> int:
         """Delete whole segments that end at or before ``pos`` (never the last one).
 
-        Call it with a position every unread slot's chain lies above; returns how many went.
+        Call it with a position no chain that may still be read reaches below (the replicated
+        reclaim position, see :mod:`chronomq.timer.reclaim`); returns how many went.
         """
         self._check_open()
         dropped = 0
@@ -417,6 +418,28 @@ class TimerLog:
             (self._dir / f"{base:020d}").unlink(missing_ok=True)
             dropped += 1
         return dropped
+
+    def restart_at(self, pos: int) -> None:
+        """Delete every segment and make the log empty, starting at the segment of ``pos``:
+        the next record goes there, and the log is completed from that position on."""
+        self._check_open()
+        for base in list(self._bases):
+            self._forget(base)
+            (self._dir / f"{base:020d}").unlink(missing_ok=True)
+        durable.fsync_dir(self._dir)
+        self._bases = []
+        self._end = self._flushed = pos - pos % self._segment_bytes
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes the segments hold on disk (whole segments but the last)."""
+        if not self._bases:
+            return 0
+        return (len(self._bases) - 1) * self._usable + (self._end - self._bases[-1])
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._bases)
 
     # ------------------------------------------------------------------- reads
 

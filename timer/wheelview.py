@@ -26,12 +26,15 @@ def locate(machine: TimerMachine, msg_id: bytes) -> dict[str, Any] | None:
         return None
     key_hash = uniq_key_hash(record.msg_id_hex(msg_id))
     with machine.lock:
-        cursor = machine.committed().cursor
+        committed = machine.committed()
+        cursor, floor = committed.cursor, committed.reclaim_pos
         wheel, log_ = machine.files.wheel, machine.files.log
         slot = wheel.get(deliver_ms)
-        pos = find_message(log_, slot, key_hash) if slot.count else None
+        # Chains are read down to the reclaim position: a message of a slot read long ago
+        # whose records were reclaimed is no longer found ("unknown").
+        pos = find_message(log_, slot, key_hash, floor) if slot.count else None
         found = None if pos is None else log_.read(pos)
-        cancelled = bool(slot.tomb_count) and key_hash in tombstone_keys(log_, slot)
+        cancelled = bool(slot.tomb_count) and key_hash in tombstone_keys(log_, slot, floor)
     answer: dict[str, Any] = {"deliver_ms": deliver_ms, "slot_ms": slot.slot_ms}
     if found is not None:
         answer["stored_at"] = [found.cl_offset, found.cl_size]

@@ -534,7 +534,8 @@ KEYS: tuple[Key, ...] = (
         int,
         8 * 1024 * 1024 * 1024,
         "Bound on one node's ops log files together: past it rotated files are deleted, "
-        "oldest first (the files being written are kept); 0 means no bound.",
+        "oldest first (the files being written are kept, and rotate at 64 MiB or a twelfth of "
+        "this bound, whichever is smaller, at least 16 KiB); 0 means no bound.",
         min=0,
         max=1 << 50,
     ),
@@ -668,6 +669,19 @@ KEYS: tuple[Key, ...] = (
         "Messages one slot accepts before 429.",
         min=1,
         max=10**12,
+    ),
+    Key(
+        "timer_log_segment_bytes",
+        int,
+        64 * 1024 * 1024,
+        "Size of one TimerLog segment file (80-byte records, one per timer message in the "
+        "wheel). Whole segments that no unread slot, pending roll or cancel still reaches "
+        "into are deleted at the node's checkpoints, so a smaller segment gives disk back "
+        "sooner. It decides where records lie, so every node of a cluster must have the same "
+        "value (a node with another refuses to apply timer commands), and it cannot change "
+        "on an existing data directory.",
+        min=80,
+        max=2**30,
     ),
     Key(
         "timer_stop_enqueue",

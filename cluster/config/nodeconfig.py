@@ -302,6 +302,7 @@ class NodeConfig:
     timer_max_delay_s: int
     timer_roll_window_slots: int
     timer_congest_num_each_slot: int
+    timer_log_segment_bytes: int
     timer_stop_enqueue: bool
     timer_stop_dequeue: bool
 

@@ -92,6 +92,19 @@ def _json_value(value: Any) -> JsonValue:
     return str(value)
 
 
+MIN_ROTATE_BYTES = 16 * 1024
+"""The smallest size ops log files rotate at, however small ``ops_log_max_bytes`` is."""
+
+
+def rotate_bytes_within(rotate_bytes: int, max_total_bytes: int) -> int:
+    """The size files rotate at under a bound on all files together: the files being written
+    (one per record type) are never deleted, so together they take at most a quarter of the
+    bound, and rotated files are pruned to keep the rest within it."""
+    if max_total_bytes <= 0:
+        return rotate_bytes
+    return max(MIN_ROTATE_BYTES, min(rotate_bytes, max_total_bytes // (4 * len(RecordType))))
+
+
 class NodeLogs:
     """One node's replication, latency and event logs. Build it, then :meth:`close` it.
 
@@ -108,15 +121,18 @@ class NodeLogs:
     ) -> None:
         self.node = node_name(config.node_id)
         self.directory = log_dir(config)
+        base = writer_config or LogWriterConfig()
+        max_total = int(config.ops_log_max_bytes)
         self.writer = LogWriter(
             self.directory,
             self.node,
             dataclasses.replace(
-                writer_config or LogWriterConfig(),
+                base,
                 enabled=bool(config.ops_log_enabled),
                 sample_rate=float(config.ops_log_sample_rate),
                 retention_ms=int(config.ops_log_retention_h) * 3_600_000,
-                max_total_bytes=int(config.ops_log_max_bytes),
+                max_total_bytes=max_total,
+                rotate_bytes=rotate_bytes_within(base.rotate_bytes, max_total),
             ),
         )
         self._clock = clock or (raftlog.clock if raftlog is not None else SystemClock())

@@ -296,7 +296,16 @@ class DiskService:
             "last_stop": None if last is None else last.stop.value,
             "pressure": bool(last and last.pressure),
             "last_error": self.last_error,
+            "timerlog": self.timerlog(),
         }
+
+    def timerlog(self) -> dict[str, int] | None:
+        """The TimerLog's size on disk and reclaim progress; None without a timer."""
+        machine = getattr(getattr(self.broker, "timer", None), "machine", None)
+        if machine is None or machine.name not in self.store.extensions:
+            return None
+        stats: dict[str, int] = machine.timerlog_stats()
+        return stats
 
 
 def install_metrics(
@@ -319,12 +328,23 @@ def install_metrics(
         registry=registry,
     )
 
+    tl_bytes = Gauge(
+        "chronomq_timerlog_bytes", "Bytes the TimerLog's segment files hold", registry=registry
+    )
+    tl_segments = Gauge(
+        "chronomq_timerlog_segments", "TimerLog segment files on disk", registry=registry
+    )
+
     def collect() -> None:
         usage = service.gauge.sample()
         used.set(usage.used_ratio)
         free.set(usage.free_bytes)
         cl_min.set(service.store.commitlog.min_offset)
         cl_max.set(service.store.commitlog.length)
+        timerlog = service.timerlog()
+        if timerlog is not None:
+            tl_bytes.set(timerlog["bytes"])
+            tl_segments.set(timerlog["segments"])
 
     collectors.append(collect)
     registry.register(_DiskCounters(service))
@@ -344,6 +364,14 @@ class _DiskCounters:
             "CommitLog segments deleted by retention since start",
             value=self._service.store.commitlog.segments_deleted,
         )
+        timerlog = self._service.timerlog()
+        if timerlog is not None:
+            yield CounterMetricFamily(
+                "chronomq_timerlog_segments_deleted",
+                "TimerLog segments deleted since start: no unread slot, pending roll or "
+                "needed cancel reached into them",
+                value=timerlog["segments_deleted"],
+            )
         yield CounterMetricFamily(
             "chronomq_produce_disk_full_rejections",
             "Produce requests refused with 507 disk_full since start",
