@@ -138,3 +138,60 @@ def test_timerlog_segments_are_reclaimed_and_every_timer_still_arrives_once(
     except BaseException:
         print(f"seed={seed}\n{dump_logs(cluster)}")
         raise
+
+
+def test_a_cancel_a_waiting_message_needs_outlives_the_reclaim_of_its_read_slot(
+    make_cluster: Any,
+) -> None:
+    """Enqueue stopped: timers wait in the timer topic while their slot is read, their cancels
+    sit in that slot's cancel chain. The TimerLog around those cancels is reclaimed, the cancels
+    are not: once enqueue resumes, the waiting timers are found due and suppressed.
+
+    The records are laid out so that the cancels fill a segment of their own: 1,000 timers
+    (segments 0-9), the 100 cancels (segment 10), then 100 cancels of timers due later
+    (segment 11). Were the first cancels not needed, the reclaim position would pass them."""
+    cluster: LocalCluster = make_cluster(3, **SETTINGS)
+    leader = cluster.wait_leader(60)
+
+    async def go() -> None:
+        async with Client(cluster.urls, deadline_s=60) as client:
+            start = now_ms()
+            delivered = await produce_timers(client, [start + 1_000 + 3 * k for k in range(1_000)])
+            collector = Collector(client, cluster.http_url(leader))
+            await collector.until(len(delivered), timeout_s=60)
+            await client.timer_switches(stop_enqueue=True)
+            waiting = await produce_timers(client, [now_ms() + 1_500] * 100)
+            later = await produce_timers(client, [now_ms() + 120_000] * 100)
+            for msg_id in [*waiting, *later]:
+                assert (await client.cancel_timer(msg_id))["status"] == "cancelled"
+            due_ms = max(waiting.values())
+
+            # The waiting timers' slot is read, and the cursor moves on by several commands.
+            async def read_past() -> bool:
+                st = await client.timer_status(cluster.http_url(leader))
+                return bool(st["cursor"]) and st["cursor"]["slot_ms"] > due_ms + 4_000
+
+            await wait_for(read_past, 30, "the cursor past the waiting timers' slot", cluster)
+            async with aiohttp.ClientSession() as s:
+                for url in cluster.urls:
+                    view = await timerlog(s, url)
+                    assert view["end_pos"] == 12 * SEGMENT_BYTES, view
+                    assert view["reclaim_pos"] == 10 * SEGMENT_BYTES, view
+
+                async def reclaimed() -> bool:
+                    views = [await timerlog(s, url) for url in cluster.urls]
+                    return all(v["start_pos"] == 10 * SEGMENT_BYTES for v in views)
+
+                await wait_for(reclaimed, 60, "segments 0-9 deleted on every node", cluster)
+            await client.timer_switches(stop_enqueue=False)
+            sentinels = await produce_sentinels(client)
+            await collector.until_seen(sentinels, timeout_s=60)
+            collector.copies = [m for m in collector.copies if m["msg_id"] not in sentinels]
+            collector.check(delivered, set(waiting) | set(later))
+        cluster.wait_converged(60)
+
+    try:
+        asyncio.run(go())
+    except BaseException:
+        print(dump_logs(cluster))
+        raise
