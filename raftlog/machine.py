@@ -103,6 +103,8 @@ class ReplicatedLog(CampaignHooks, TransferHooks, SnapshotHooks):
         self.apply_budget_s = config.append_entries_period_ms / 1000
         self._apply_behind = False
         self._commit_target = 0
+        # What the leader's last append message said of its lease (raftlog/readiness.py).
+        self.leader_lease = False
         self._applied_bytes = 0
         # Leadership transfer (raftlog/transfer.py).
         self._init_transfer()
@@ -289,6 +291,19 @@ class ReplicatedLog(CampaignHooks, TransferHooks, SnapshotHooks):
             return 0.0
         return max(0.0, _pso_monotonic() - times[needed - 1])
 
+    def leader_heard_s(self) -> float | None:
+        """When (pysyncobj's monotonic clock, see :meth:`monotonic_s`) an append message from
+        a leader last arrived; None before the first."""
+        return self._leader_heard_s
+
+    @staticmethod
+    def monotonic_s() -> float:
+        return float(_pso_monotonic())
+
+    def advertise(self, fields: Callable[[], dict[str, Any]]) -> None:
+        """Add ``fields()`` to every append message this node sends as leader."""
+        self._SyncObj__transport.append_fields = fields
+
     @property
     def raftCommitIndex(self) -> int:  # noqa: N802 - pysyncobj's name
         """The commit index, also while :meth:`_SyncObj__applyLogEntries` lowers it (read by
@@ -328,6 +343,8 @@ class ReplicatedLog(CampaignHooks, TransferHooks, SnapshotHooks):
             return
         if kind == "append_entries" and message.get("term", -1) >= self._SyncObj__raftCurrentTerm:
             self._leader_heard_s = _pso_monotonic()
+            # A leader without the field (an older version) is taken at its word.
+            self.leader_lease = bool(message.get("lease", True))
             if self.removal is not None:
                 self._readmitted(node)
         if kind == "append_entries" and "serialized" in message and "prevLogIdx" not in message:

@@ -27,7 +27,11 @@ Every adjustment to pysyncobj 0.3.17 that this takes, each small and in one plac
    (``next_node_idx``) while ``ack_gate()`` says the journal has entries not yet synced; the
    Raft thread syncs once per tick and then calls :meth:`GuardedTransport.release_acks`
    (``flush="sync"``, raftlog/machine.py): one fsync for every entry received meanwhile.
-7. ``pysyncobj.serializer.atomicReplace`` (the rename of a written or received snapshot into
+7. :class:`GuardedTransport` adds what :attr:`GuardedTransport.append_fields` gives (the
+   leader's ``{"lease": bool}``, raftlog/readiness.py) to every ``append_entries`` message:
+   a follower is ready only while its leader says a majority acknowledges it. pysyncobj
+   ignores fields it does not know, so older nodes read these messages as before.
+8. ``pysyncobj.serializer.atomicReplace`` (the rename of a written or received snapshot into
    place) syncs the file and then its directory (:func:`durable_replace`): pysyncobj drops
    the journal entries a snapshot covers right after it.
 """
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pysyncobj.journal as _journal_module
@@ -113,11 +118,21 @@ class GuardedTransport(TCPTransport):
     #: tick in which a follower told TimeoutNow starts its election (raftlog/machine.py).
     vote_fields: dict[str, Any] | None = None
 
+    #: Called for the fields added to every ``append_entries`` sent (None: none added).
+    append_fields: Callable[[], dict[str, Any]] | None = None
+
     def marked(self, message: Any) -> Any:
-        """``message`` with :attr:`vote_fields` when it is a ``request_vote`` sent while set."""
+        """``message`` with :attr:`vote_fields` when it is a ``request_vote`` sent while set,
+        with :attr:`append_fields` when it is an ``append_entries``."""
+        if not isinstance(message, dict):
+            return message
+        kind = message.get("type")
         fields = self.vote_fields
-        if fields and isinstance(message, dict) and message.get("type") == "request_vote":
+        if fields and kind == "request_vote":
             return {**message, **fields}
+        extra = self.append_fields
+        if extra is not None and kind == "append_entries":
+            return {**message, **extra()}
         return message
 
     #: While set and true, ``next_node_idx`` messages wait in :attr:`held_acks`.

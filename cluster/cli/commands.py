@@ -133,6 +133,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "applied": n.get("applied_index", "-"),
                 "lag": n.get("replication_lag", "-"),
                 "reachable": n.get("reachable"),
+                "ready": n.get("ready", "-"),
                 "uptime_s": n.get("uptime_s", "-"),
                 "last_election_ms": n.get("last_election_ms") or "-",
             }
@@ -147,10 +148,15 @@ def cmd_status(args: argparse.Namespace) -> int:
             "applied",
             "lag",
             "reachable",
+            "ready",
             "uptime_s",
             "last_election_ms",
         ],
     )
+    for n in view["nodes"]:
+        # What /readyz answers on that node, and why (a node can know a leader it cannot use).
+        if n.get("reachable") and n.get("ready") is False:
+            print(f"node {n['id']} not ready: {n.get('ready_reason')}")
     return 0
 
 

@@ -213,7 +213,9 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
         [],
     ),
     ("GET", "/readyz"): (
-        "200 once the node knows a leader, else 503; 410 on a node removed from the cluster.",
+        "200 while a write sent to this node can commit: it leads with a quorum of "
+        "acknowledgements within the lease, or it hears from a leader that does; else 503 "
+        "no_leader saying why; 410 on a node removed from the cluster.",
         None,
         models.Ready,
         [],

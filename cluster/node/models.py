@@ -291,6 +291,11 @@ class NodeStatus(Answer):
     pull_waited_queues: int | UnsetType = UNSET
     http_connections: dict[str, Any] | None | UnsetType = UNSET
     disk: dict[str, Any] | None | UnsetType = UNSET
+    ready: Annotated[
+        bool | UnsetType,
+        Meta(description="what /readyz says: a write sent to this node can commit now"),
+    ] = UNSET
+    ready_reason: Annotated[str | UnsetType, Meta(description="why it is (not) ready")] = UNSET
     peers_connected: Annotated[
         dict[str, bool] | UnsetType,
         Meta(description="Raft address of each other member: whether a connection to it is up"),

@@ -20,7 +20,9 @@ class ClusterView(Members):
 
     def node_status(self) -> dict[str, Any]:
         st = self.raftlog.status()
-        leader_addr = st.get("leader")
+        # Never this node while it is not a confirmed leader (a leader that stepped down).
+        leader_addr = self.raftlog.leader_address()
+        readiness = self.raftlog.readiness()
         return {
             "id": int(self.config.node_id),
             "role": "leader"
@@ -37,6 +39,8 @@ class ClusterView(Members):
             "slow_ticks": st["slow_ticks"],
             "max_tick_ms": st["max_tick_ms"],
             "has_quorum": st["has_quorum"],
+            "ready": readiness.ready,
+            "ready_reason": readiness.reason,
             "digest": st["digest"],
             "match_index": st["match_index"],
             "peers_connected": st["peers_connected"],
