@@ -154,6 +154,14 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
         models.Digest,
         [],
     ),
+    ("GET", "/v1/admin/read-index"): (
+        "On the leader, while its lease holds: its commit index, which a follower applies up "
+        "to before it answers a read with no such topic or an empty page (503 not_leader "
+        "elsewhere).",
+        None,
+        models.ReadIndex,
+        [],
+    ),
     ("GET", "/v1/admin/config"): (
         "This node's effective config (secrets masked): its file's, overlaid with the runtime "
         "values the cluster has replicated (listed in runtime; the same on every node).",

@@ -456,6 +456,13 @@ class DlqAnswer(Answer):
     status: Literal["forwarded", "expired"]
 
 
+class ReadIndex(Answer):
+    """The leader's commit index, for a follower's read (``GET /v1/admin/read-index``)."""
+
+    commit_index: int
+    term: int
+
+
 class Ready(Answer):
     """``/readyz``'s 200; not ready is an error (503 no_leader, 410 removed_from_cluster)
     with ``status`` as well."""
