@@ -300,6 +300,11 @@ class ReplicatedLog(CampaignHooks, TransferHooks, SnapshotHooks):
     def monotonic_s() -> float:
         return float(_pso_monotonic())
 
+    @property
+    def wire_version(self) -> int:
+        """The Raft wire version this node advertises in its hello."""
+        return int(self._SyncObj__transport.context.settings.wire_version)
+
     def advertise(self, fields: Callable[[], dict[str, Any]]) -> None:
         """Add ``fields()`` to every append message this node sends as leader."""
         self._SyncObj__transport.append_fields = fields
@@ -343,7 +348,7 @@ class ReplicatedLog(CampaignHooks, TransferHooks, SnapshotHooks):
             return
         if kind == "append_entries" and message.get("term", -1) >= self._SyncObj__raftCurrentTerm:
             self._leader_heard_s = _pso_monotonic()
-            # A leader without the field (an older version) is taken at its word.
+            # A message without the field (a leader that never sets it) is taken at its word.
             self.leader_lease = bool(message.get("lease", True))
             if self.removal is not None:
                 self._readmitted(node)
@@ -469,6 +474,10 @@ class ReplicatedLog(CampaignHooks, TransferHooks, SnapshotHooks):
             "slow_ticks": self.ticks.slow_ticks,
             "max_tick_ms": round(self.ticks.max_ms, 1),
             "removed": self.removal is not None,
+            "peer_versions": {
+                address: v.as_json()
+                for address, v in list(self._SyncObj__transport.context.versions.peers.items())
+            },
             "prevotes_started": self.prevotes_started,
             "prevotes_won": self.prevotes_won,
             "votes_ignored": self.votes_ignored,

@@ -29,9 +29,13 @@ Every adjustment to pysyncobj 0.3.17 that this takes, each small and in one plac
    (``flush="sync"``, raftlog/machine.py): one fsync for every entry received meanwhile.
 7. :class:`GuardedTransport` adds what :attr:`GuardedTransport.append_fields` gives (the
    leader's ``{"lease": bool}``, raftlog/readiness.py) to every ``append_entries`` message:
-   a follower is ready only while its leader says a majority acknowledges it. pysyncobj
-   ignores fields it does not know, so older nodes read these messages as before.
-8. ``pysyncobj.serializer.atomicReplace`` (the rename of a written or received snapshot into
+   a follower is ready only while its leader says a majority acknowledges it (pysyncobj
+   ignores fields it does not know).
+8. The hello of every connection carries the node's chronomq version and wire version
+   (:mod:`chronomq.raftlog.wireproto`); a peer of another wire version is refused and said at
+   ERROR with both versions, and what each peer's hello said is kept by Raft address
+   (``context.versions``, shown in the node status).
+9. ``pysyncobj.serializer.atomicReplace`` (the rename of a written or received snapshot into
    place) syncs the file and then its directory (:func:`durable_replace`): pysyncobj drops
    the journal entries a snapshot covers right after it.
 """
@@ -39,6 +43,7 @@ Every adjustment to pysyncobj 0.3.17 that this takes, each small and in one plac
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -54,20 +59,32 @@ from pysyncobj.transport import TCPTransport
 from chronomq.raftlog import durable, safepickle, wire
 from chronomq.raftlog.config import RaftConfig
 from chronomq.raftlog.wire import WireContext, WireSettings
+from chronomq.raftlog.wireproto import VERSION as WIRE_VERSION
+from chronomq.version import VERSION as CHRONOMQ_VERSION
 
 log = logging.getLogger(__name__)
 
 _SLACK_BYTES = 1024 * 1024  # pickle and dict overhead around the entries of one message
 
 
+#: Tests only: the wire version a node advertises in its hello instead of its own, to run a
+#: node that peers see as another version (a real build of another wire version cannot be
+#: installed beside this one in one environment). Not a setting: no operator needs it.
+TEST_WIRE_VERSION_ENV = "CHRONOMQ_TEST_WIRE_VERSION"
+
+
 def settings_for(config: RaftConfig) -> WireSettings:
     """The wire settings of a node: the largest frame is one append message's entries
-    (``append_entries_batch_bytes``, plus the entry that crosses it) with room to spare."""
+    (``append_entries_batch_bytes``, plus the entry that crosses it) with room to spare; the
+    hello carries this build's version."""
     largest_command = max(config.max_message_bytes, config.batch_max_bytes)
+    advertised = os.environ.get(TEST_WIRE_VERSION_ENV, "")
     return WireSettings(
         secret=config.cluster_secret,
         max_payload_bytes=config.append_entries_batch_bytes + 2 * largest_command + _SLACK_BYTES,
         compression_level=config.wire_compression_level,
+        about=CHRONOMQ_VERSION,
+        wire_version=int(advertised) if advertised.isdigit() else WIRE_VERSION,
     )
 
 
@@ -175,6 +192,9 @@ class GuardedTransport(TCPTransport):
     def _onIncomingMessageReceived(self, conn: Any, message: Any) -> None:  # noqa: N802
         """The first message of an authenticated incoming connection: a member's address."""
         if isinstance(message, str) and message in self._nodeAddrToNode:
+            hello = getattr(conn, "peer_hello", None)
+            if hello is not None:
+                self.context.versions.seen(message, hello)
             super()._onIncomingMessageReceived(conn, message)
             return
         self._unknownConnections.discard(conn)

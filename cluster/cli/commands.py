@@ -134,6 +134,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "lag": n.get("replication_lag", "-"),
                 "reachable": n.get("reachable"),
                 "ready": n.get("ready", "-"),
+                "version": f"{n.get('version') or '-'}/w{n.get('wire_version', '-')}",
                 "uptime_s": n.get("uptime_s", "-"),
                 "last_election_ms": n.get("last_election_ms") or "-",
             }
@@ -149,10 +150,17 @@ def cmd_status(args: argparse.Namespace) -> int:
             "lag",
             "reachable",
             "ready",
+            "version",
             "uptime_s",
             "last_election_ms",
         ],
     )
+    wires = {n.get("wire_version") for n in view["nodes"] if n.get("wire_version") is not None}
+    if len(wires) > 1:
+        print(
+            "nodes speak different Raft wire versions and cannot form one cluster: upgrade "
+            "every node to one version together"
+        )
     for n in view["nodes"]:
         # What /readyz answers on that node, and why (a node can know a leader it cannot use).
         if n.get("reachable") and n.get("ready") is False:

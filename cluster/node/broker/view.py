@@ -45,6 +45,8 @@ class ClusterView(Members):
             "match_index": st["match_index"],
             "peers_connected": st["peers_connected"],
             "version": VERSION,
+            "wire_version": self.raftlog.machine.wire_version,
+            "peer_versions": st["peer_versions"],
             "uptime_s": round(time.monotonic() - self.started_monotonic, 1),
             "queued_messages": st["queued_messages"],
             "inflight_commands": st["inflight_commands"],
@@ -75,11 +77,18 @@ class ClusterView(Members):
     async def cluster_view(self) -> dict[str, Any]:
         peers = self.peers()
         remote = await asyncio.gather(*(self.peer_status(p.http) for p in peers))
-        nodes = [self.node_status()]
+        me = self.node_status()
+        nodes = [me]
         for p, st in zip(peers, remote, strict=True):
-            nodes.append(
-                st or {"id": p.id, "role": "unknown", "http_url": p.http, "reachable": False}
-            )
+            if st is None:
+                st = {"id": p.id, "role": "unknown", "http_url": p.http, "reachable": False}
+                # What its Raft hello said, when it reached this node (an HTTP port down, or
+                # a node of another version).
+                heard = me["peer_versions"].get(p.raft)
+                if heard is not None:
+                    st["version"] = heard["version"]
+                    st["wire_version"] = heard["wire_version"]
+            nodes.append(st)
         nodes.sort(key=lambda n: n["id"])
         reachable = [n for n in nodes if n.get("reachable")]
         leaders = [n["id"] for n in reachable if n.get("role") == "leader"]
