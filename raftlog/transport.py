@@ -29,8 +29,10 @@ Every adjustment to pysyncobj 0.3.17 that this takes, each small and in one plac
    (``flush="sync"``, raftlog/machine.py): one fsync for every entry received meanwhile.
 7. :class:`GuardedTransport` adds what :attr:`GuardedTransport.append_fields` gives (the
    leader's ``{"lease": bool}``, raftlog/readiness.py) to every ``append_entries`` message:
-   a follower is ready only while its leader says a majority acknowledges it (pysyncobj
-   ignores fields it does not know).
+   a follower is ready only while its leader says a majority acknowledges it; and what
+   :attr:`GuardedTransport.ack_fields` gives (the follower's ``{"disk": [free, total]}``,
+   raftlog/room.py) to every ``next_node_idx``, which the leader's produce guard reads
+   (pysyncobj ignores fields it does not know).
 8. The hello of every connection carries the node's chronomq version and wire version
    (:mod:`chronomq.raftlog.wireproto`); a peer of another wire version is refused and said at
    ERROR with both versions, and what each peer's hello said is kept by Raft address
@@ -113,6 +115,19 @@ def _describe(message: Any) -> str:
     return f"first message names no member ({str(message)[:80]!r})"
 
 
+def without_entries(message: dict[str, Any]) -> dict[str, Any]:
+    """An append message as a bare heartbeat: no entries, no part of a large entry, no
+    snapshot chunk (the leader sends them again once the follower takes them)."""
+    if message.get("transmission") is not None:
+        bare = {k: v for k, v in message.items() if k not in ("transmission", "data")}
+        return {**bare, "entries": []}
+    if "serialized" in message:
+        return {**message, "serialized": None}
+    if message.get("entries"):
+        return {**message, "entries": []}
+    return message
+
+
 class GuardedTransport(TCPTransport):
     """pysyncobj's TCP transport on :mod:`chronomq.raftlog.wire`, without admin commands or read-only
     clients. Built by ``SyncObj`` as ``transportClass(syncObj, selfNode, otherNodes)``: bind
@@ -137,10 +152,17 @@ class GuardedTransport(TCPTransport):
 
     #: Called for the fields added to every ``append_entries`` sent (None: none added).
     append_fields: Callable[[], dict[str, Any]] | None = None
+    #: Called for the fields added to every ``next_node_idx`` (a follower's answer) sent.
+    ack_fields: Callable[[], dict[str, Any]] | None = None
 
-    def marked(self, message: Any) -> Any:
+    #: ``holds_entries(node)``: True while that follower said it has no disk room; its
+    #: append messages then go without entries (raftlog/room.py).
+    holds_entries: Callable[[Any], bool] | None = None
+
+    def marked(self, message: Any, node: Any = None) -> Any:
         """``message`` with :attr:`vote_fields` when it is a ``request_vote`` sent while set,
-        with :attr:`append_fields` when it is an ``append_entries``."""
+        with :attr:`append_fields` when it is an ``append_entries`` (and without its entries
+        to a follower that :attr:`holds_entries`)."""
         if not isinstance(message, dict):
             return message
         kind = message.get("type")
@@ -149,6 +171,13 @@ class GuardedTransport(TCPTransport):
             return {**message, **fields}
         extra = self.append_fields
         if extra is not None and kind == "append_entries":
+            message = {**message, **extra()}
+            held = self.holds_entries
+            if held is not None and node is not None and held(node):
+                message = without_entries(message)
+            return message
+        extra = self.ack_fields
+        if extra is not None and kind == "next_node_idx":
             return {**message, **extra()}
         return message
 
@@ -169,13 +198,13 @@ class GuardedTransport(TCPTransport):
                 self.held_acks = []
             self.held_acks.append((node, message))
             return True
-        return bool(super().send(node, self.marked(message)))
+        return bool(super().send(node, self.marked(message, node)))
 
     def release_acks(self) -> None:
         """Send the held acknowledgements (the journal has just been synced)."""
         held, self.held_acks = self.held_acks, None
         for node, message in held or ():
-            super().send(node, message)
+            super().send(node, self.marked(message, node))
 
     def setOnUtilityMessageCallback(self, message: str, callback: Any) -> None:  # noqa: N802
         """pysyncobj's admin commands over the Raft port: none is registered."""
