@@ -1,6 +1,6 @@
 """Reads on a follower see every write acknowledged before the read began, on 3 real nodes:
-produce to the leader, read the answered offset from a follower at once (HTTP pull, topic
-description, gRPC PullMessage and QueryOffset), and a long poll on a follower for a topic
+produce to the leader, read the answered offset from a follower at once (HTTP pull, lookup by
+msg_id, topic description, gRPC PullMessage and QueryOffset), and a long poll on a follower for a topic
 that does not exist yet gets the message that creates it."""
 
 from __future__ import annotations
@@ -54,6 +54,11 @@ async def test_a_follower_reads_what_the_leader_acknowledged(make_cluster: Any) 
             # Even rounds a topic never seen, odd rounds one topic that grows.
             topic = f"fresh-{n}" if n % 2 == 0 else "growing"
             result = await _produce(s, leader_url, topic, f"m{n}")
+            # A lookup by msg_id on one follower, a pull on the other, each at once.
+            other = cluster.http_url(followers[(n + 1) % 2])
+            async with s.get(f"{other}/v1/messages/{result['msg_id']}") as r:
+                if r.status != 200:
+                    misses.append(f"round {n}: GET /v1/messages/{result['msg_id']}: {r.status}")
             url = cluster.http_url(followers[n % 2])
             status, page = await _pull(s, url, topic, result["queue"], result["offset"])
             if status != 200:
