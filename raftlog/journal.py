@@ -42,6 +42,7 @@ An ``fsync`` that fails calls ``on_fault`` (by default the node stops, see
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import struct
@@ -424,7 +425,14 @@ class DurableJournal(Journal):
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         rec = encode_record(bytes(command), idx, term, self._group)
-        durable.pwrite_all(self._fd, rec, self._end, self.path)
+        try:
+            durable.pwrite_all(self._fd, rec, self._end, self.path)
+        except OSError:
+            # Not added (a full disk): the bytes written of it are cut, so that the file ends
+            # where the entries in memory do, and the caller decides (raftlog/room.py).
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._end)
+            raise
         self._entries.append((command, idx, term))
         self._offsets.append(self._end)
         self._end += len(rec)

@@ -56,12 +56,15 @@ from chronomq.raftlog.machine_campaign import CampaignHooks
 from chronomq.raftlog.machine_faults import fatal, fault_message, refuse, storage_fault
 from chronomq.raftlog.machine_snapshot import SnapshotHooks
 from chronomq.raftlog.machine_transfer import TransferHooks
+from chronomq.raftlog.room import Room, RoomGauge, RoomWatch, resume_bytes
 from chronomq.raftlog.store import Store
 from chronomq.raftlog.ticks import TickWatch
 
 log = logging.getLogger(__name__)
 
 _RAFT_STATE_LEADER = _RAFT_STATE.LEADER
+#: A follower's "paused" lasts this long after its last report saying so.
+PAUSE_REPORT_S = 1.0
 
 
 class ReplicatedLog(CampaignHooks, TransferHooks, SnapshotHooks):
@@ -103,6 +106,15 @@ class ReplicatedLog(CampaignHooks, TransferHooks, SnapshotHooks):
         self.apply_budget_s = config.append_entries_period_ms / 1000
         self._apply_behind = False
         self._commit_target = 0
+        # What the leader's last append message said of its lease (raftlog/readiness.py).
+        self.leader_lease = False
+        # Disk room (raftlog/room.py): this node's, and what each follower last reported.
+        self.room_gauge = RoomGauge(config.data_dir)
+        self.room_watch = RoomWatch()
+        # Raft address -> (its room, when it arrived, this node's CommitLog length then).
+        self.peer_rooms: dict[str, tuple[Room, float, int]] = {}
+        self.peer_paused: dict[str, float] = {}  # followers that said they pause, and when
+        self._skip_parts = False  # a large entry or snapshot in parts is being skipped
         self._applied_bytes = 0
         # Leadership transfer (raftlog/transfer.py).
         self._init_transfer()
@@ -164,6 +176,8 @@ class ReplicatedLog(CampaignHooks, TransferHooks, SnapshotHooks):
             journal = self._journal
             assert journal is not None
             self._SyncObj__transport.ack_gate = lambda: journal.dirty
+        self._SyncObj__transport.ack_fields = self._disk_report
+        self._SyncObj__transport.holds_entries = self._holds_entries
 
     def raft_listening(self) -> bool:
         """True once the Raft listener is bound (pysyncobj binds it on the tick thread)."""
@@ -217,12 +231,17 @@ class ReplicatedLog(CampaignHooks, TransferHooks, SnapshotHooks):
             if self._transfer_watch:
                 self._transfer_tick()
         except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EIO, errno.EDQUOT):
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                # A full disk: the journal cut what it could not write (raftlog/journal.py);
+                # this node pauses until there is room again, serving reads meanwhile.
+                self._room_hit(f"writing {exc.filename or self._store.data_dir} failed: {exc}")
+            elif exc.errno == errno.EIO:
+                # pysyncobj's journal could not be written: logging and ticking on would leave
+                # the node wedged, neither serving nor saying why.
+                log.exception("the Raft journal could not be written")
+                fatal(storage_fault(exc, self._store.data_dir))
+            else:
                 raise
-            # pysyncobj's journal could not be written: logging and ticking on would leave
-            # the node wedged, neither serving nor saying why.
-            log.exception("the Raft journal could not be written")
-            fatal(storage_fault(exc, self._store.data_dir))
         report = self.ticks.end()
         if report is not None:
             log.warning("%s", report.describe(self.ticks.slow_ms))
@@ -257,17 +276,115 @@ class ReplicatedLog(CampaignHooks, TransferHooks, SnapshotHooks):
         target = self._commit_target = self._SyncObj__raftCommitIndex
         deadline = time.monotonic() + self.apply_budget_s
         need_send = False
+        paused = False
         try:
             while (applied := self._SyncObj__raftLastApplied) < target:
+                size = self._entry_bytes(applied + 1)
+                # Applying writes about the entry's bytes (CommitLog, ConsumeQueue, TimerLog):
+                # only with room for twice that above the floor (raftlog/room.py).
+                if not self._room_allows(2 * size):
+                    paused = True
+                    break
                 self._SyncObj__raftCommitIndex = applied + 1
                 need_send = super()._SyncObj__applyLogEntries() or need_send
+                self.room_gauge.spent(size)
                 if self._SyncObj__raftLastApplied == applied or time.monotonic() >= deadline:
                     break  # no progress (pysyncobj logged why), or this tick's time is up
         finally:
             self._SyncObj__raftCommitIndex = target
             self._commit_target = 0
-        self._apply_behind = self._SyncObj__raftLastApplied < target
+        self._apply_behind = not paused and self._SyncObj__raftLastApplied < target
         return need_send
+
+    def _entry_bytes(self, index: int) -> int:
+        try:
+            entries = self._SyncObj__getEntries(index, 1)
+        except Exception:  # noqa: BLE001 - a size is only a hint here
+            return 0
+        return len(entries[0][0]) if entries else 0
+
+    # ------------------------------------------------------------------ disk room
+
+    def _disk_report(self) -> dict[str, Any]:
+        """What a follower adds to its acknowledgements: its free and total bytes, and 1
+        while it is paused (the leader then sends it no entries: :meth:`_holds_entries`)."""
+        room = self.room_gauge.room()
+        paused = int(self.room_watch.pause is not None)
+        return {"disk": [room.free_bytes, room.total_bytes, paused]}
+
+    def _holds_entries(self, node: Any) -> bool:
+        """On the leader: True while ``node`` last said it is paused (recently)."""
+        address = getattr(node, "id", None)
+        report = None if address is None else self.peer_paused.get(address)
+        return report is not None and time.monotonic() - report < PAUSE_REPORT_S
+
+    def _room_allows(self, need_bytes: int) -> bool:
+        was = self.room_watch.pause
+        ok = self.room_watch.allows(self.room_gauge.room(), need_bytes, time.monotonic())
+        self._room_changed(was)
+        return ok
+
+    def _room_hit(self, reason: str) -> None:
+        was = self.room_watch.pause
+        self.room_watch.hit(reason, time.monotonic())
+        self._room_changed(was)
+
+    def _room_changed(self, was: Any) -> None:
+        now = self.room_watch.pause
+        if was is None and now is not None:
+            room = self.room_gauge.room()
+            log.error(
+                "disk of %s nearly full (%s): this node stops taking Raft entries, applying "
+                "them and proposing, and keeps serving reads of what it holds; it resumes by "
+                "itself once %.1f MiB are free (retention, a compacted journal, a larger disk). "
+                "Nothing is lost: what it did not take stays in the leader's log",
+                self._store.data_dir,
+                now.reason,
+                resume_bytes(room.total_bytes) / 2**20,
+            )
+        elif was is not None and now is None:
+            log.warning(
+                "disk of %s has room again (%.1f MiB free) after %.1f s: this node takes Raft "
+                "entries and applies them again",
+                self._store.data_dir,
+                self.room_gauge.room().free_bytes / 2**20,
+                time.monotonic() - was.since_s,
+            )
+
+    def _room_for_append(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A leader's append message as this node takes it: while there is no room for what
+        it carries, as a bare heartbeat (the leader is still heard, nothing is written, and the
+        leader sends the entries again later). A large entry or a snapshot sent in parts whose
+        first part was not taken is not taken until its next first part."""
+        transmission = message.get("transmission")
+        chunk = message.get("serialized")
+        if transmission is not None:
+            size = len(message.get("data") or b"")
+            first = transmission == "start"
+        elif "serialized" in message:
+            size = len(chunk[0]) if isinstance(chunk, tuple | list) and chunk else 0
+            first = bool(chunk[1]) if isinstance(chunk, tuple | list) and len(chunk) > 1 else True
+        else:
+            size = sum(len(e[0]) for e in message.get("entries") or ())
+            first = True
+        parted = transmission is not None or "serialized" in message
+        if (first or not (parted and self._skip_parts)) and self._room_allows(size):
+            if parted and first:
+                self._skip_parts = False
+            self.room_gauge.spent(size)
+            return message
+        if parted:
+            last = transmission == "finish" or (
+                isinstance(chunk, tuple | list) and len(chunk) > 2 and bool(chunk[2])
+            )
+            self._skip_parts = not last  # its next parts are not taken either
+        return transport.without_entries(message)
+
+    def room_paused(self) -> bool:
+        """True while this node takes no entries for want of disk room (raftlog/room.py)."""
+        if self.room_watch.pause is None:
+            return False
+        return not self._room_allows(0)
 
     def quorum_silence_s(self) -> float:
         """Seconds since a majority of the members last answered this leader (0 when this
@@ -288,6 +405,24 @@ class ReplicatedLog(CampaignHooks, TransferHooks, SnapshotHooks):
         if needed == 0:
             return 0.0
         return max(0.0, _pso_monotonic() - times[needed - 1])
+
+    def leader_heard_s(self) -> float | None:
+        """When (pysyncobj's monotonic clock, see :meth:`monotonic_s`) an append message from
+        a leader last arrived; None before the first."""
+        return self._leader_heard_s
+
+    @staticmethod
+    def monotonic_s() -> float:
+        return float(_pso_monotonic())
+
+    @property
+    def wire_version(self) -> int:
+        """The Raft wire version this node advertises in its hello."""
+        return int(self._SyncObj__transport.context.settings.wire_version)
+
+    def advertise(self, fields: Callable[[], dict[str, Any]]) -> None:
+        """Add ``fields()`` to every append message this node sends as leader."""
+        self._SyncObj__transport.append_fields = fields
 
     @property
     def raftCommitIndex(self) -> int:  # noqa: N802 - pysyncobj's name
@@ -328,8 +463,28 @@ class ReplicatedLog(CampaignHooks, TransferHooks, SnapshotHooks):
             return
         if kind == "append_entries" and message.get("term", -1) >= self._SyncObj__raftCurrentTerm:
             self._leader_heard_s = _pso_monotonic()
+            # A message without the field (a leader that never sets it) is taken at its word.
+            self.leader_lease = bool(message.get("lease", True))
             if self.removal is not None:
                 self._readmitted(node)
+            message = self._room_for_append(message)
+        if kind == "next_node_idx":
+            disk = message.get("disk")
+            if (
+                isinstance(disk, list)
+                and len(disk) in (2, 3)
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in disk)
+            ):
+                now = time.monotonic()
+                self.peer_rooms[node.id] = (
+                    Room(disk[0], disk[1]),
+                    now,
+                    self._store.commitlog.length,
+                )
+                if len(disk) == 3 and disk[2]:
+                    self.peer_paused[node.id] = now
+                else:
+                    self.peer_paused.pop(node.id, None)
         if kind == "append_entries" and "serialized" in message and "prevLogIdx" not in message:
             message = self._hold_commit_index(message)
         if kind == "next_node_idx" and message.get("success") and not message.get("reset"):
@@ -380,6 +535,8 @@ class ReplicatedLog(CampaignHooks, TransferHooks, SnapshotHooks):
     def _checkCommandsToApply(self) -> None:  # noqa: N802 - pysyncobj's name
         if self._proposals_held():
             return
+        if self._SyncObj__raftState == _RAFT_STATE_LEADER and self.room_paused():
+            return  # no room for our own journal: proposals wait (raftlog/room.py)
         super()._checkCommandsToApply()
         # One fdatasync for every command proposed in this tick (while the last sync ran,
         # more arrived: RocketMQ's GroupCommitService), on the group-commit thread while
@@ -452,6 +609,11 @@ class ReplicatedLog(CampaignHooks, TransferHooks, SnapshotHooks):
             "slow_ticks": self.ticks.slow_ticks,
             "max_tick_ms": round(self.ticks.max_ms, 1),
             "removed": self.removal is not None,
+            "disk_paused": None if self.room_watch.pause is None else self.room_watch.pause.reason,
+            "peer_versions": {
+                address: v.as_json()
+                for address, v in list(self._SyncObj__transport.context.versions.peers.items())
+            },
             "prevotes_started": self.prevotes_started,
             "prevotes_won": self.prevotes_won,
             "votes_ignored": self.votes_ignored,

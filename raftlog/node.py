@@ -44,6 +44,7 @@ from chronomq.raftlog.errors import (
 )
 from chronomq.raftlog.extension import ApplyExtension, check_name
 from chronomq.raftlog.machine import ReplicatedLog
+from chronomq.raftlog.readiness import RaftView, Readiness, judge
 from chronomq.raftlog.removal import RemovalNotice
 from chronomq.raftlog.store import ApplyResult, BatchOutcome, Store, TopicLimits
 
@@ -134,6 +135,8 @@ class RaftLog:
         )
         self.machine = ReplicatedLog(config, self.store)
         self.machine.addOnTickCallback(self._first_tick)
+        # Followers are ready only while their leader says its lease holds.
+        self.machine.advertise(lambda: {"lease": self._leader_term is not None})
         self.catchup.start()
         self.committer = GroupCommitter(
             lambda data, cb: self.machine._apply_cmd(data, callback=cb),
@@ -169,8 +172,27 @@ class RaftLog:
         return self._leader_term
 
     def leader_address(self) -> str | None:
-        leader = self.machine._getLeader()
-        return getattr(leader, "id", None)
+        """The leader to name in answers and to forward to: pysyncobj's, but never this node
+        while its leadership is not confirmed (a leader that stepped down, or one not yet
+        confirmed, would send clients back to itself)."""
+        leader = getattr(self.machine._getLeader(), "id", None)
+        if leader == self.config.raft_address and not self.is_leader:
+            return None
+        return leader
+
+    def readiness(self) -> Readiness:
+        """Whether a write sent to this node can commit now (:mod:`chronomq.raftlog.readiness`)."""
+        machine = self.machine
+        view = RaftView(
+            self_address=self.config.raft_address,
+            leads=machine._isLeader(),
+            confirmed=self.is_leader,
+            leader=getattr(machine._getLeader(), "id", None),
+            leader_heard_s=machine.leader_heard_s(),
+            leader_lease=machine.leader_lease,
+            window_s=self.config.leader_lease_ms / 1000,
+        )
+        return judge(view, machine.monotonic_s())
 
     def add_leader_listener(self, listener: LeaderListener) -> None:
         """``listener(is_leader, term)`` runs on the leadership thread on every change."""

@@ -25,9 +25,9 @@ Messages (dicts on the authenticated Raft wire, as pysyncobj's own)::
     {"type": "pre_vote", "term": proposed, "last_log_index": i, "last_log_term": t}
     {"type": "pre_vote_response", "term": proposed, "granted": bool}
 
-A node of an older version ignores both (pysyncobj drops unknown types): it never answers a
-pre-vote, so during a rolling upgrade a new node wins a pre-vote only with a majority of new
-nodes; old nodes keep electing as before. Everything here takes ``now_s`` as an argument.
+Every member runs this: nodes of different versions do not form a cluster (the Raft hello
+refuses a peer of another wire version, :mod:`chronomq.raftlog.wireproto`). Everything here
+takes ``now_s`` as an argument.
 """
 
 from __future__ import annotations

@@ -39,18 +39,20 @@ from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import CONNECTION_STATE, _getAddrType, set_keepalive
 
 from chronomq.raftlog.wireproto import (
-    HELLO_BYTES,
     MAGIC,
     NONCE_BYTES,
     PROOF_BYTES,
     FrameRefused,
     Handshake,
     HandshakeRefused,
+    Hello,
     Role,
     Session,
+    VersionMismatch,
     decode_payload,
     encode_payload,
 )
+from chronomq.raftlog.wireproto import VERSION as WIRE_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,8 @@ class WireSettings:
     compression_level: int = 0  # zlib level for payloads; 0 sends them as they are
     handshake_timeout_s: float = 5.0
     max_handshakes: int = 64  # accepted connections in the handshake at once
+    about: str = ""  # this node's chronomq version, sent in its hello
+    wire_version: int = WIRE_VERSION  # advertised in the hello; another only in tests
 
 
 # ------------------------------------------------------------------ refusal log
@@ -110,6 +114,57 @@ class RefusalLog:
         self._window_start = now
         self._logged = 0
         self.suppressed = 0
+
+
+# ------------------------------------------------------------------ peers' versions
+
+
+@dataclass(frozen=True, slots=True)
+class PeerVersion:
+    """What a peer's hello said: its chronomq version and wire version, and whether this
+    node can talk to it."""
+
+    version: str  # "" for a build from before the version exchange
+    wire_version: int
+    compatible: bool
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version or None,
+            "wire_version": self.wire_version,
+            "compatible": self.compatible,
+        }
+
+
+class VersionLog:
+    """Peers' versions by Raft address, and the ERROR line for a peer this node cannot talk
+    to: once per peer and version pair per ``window_s``, however often it reconnects."""
+
+    def __init__(self, logger: logging.Logger, window_s: float = 60.0) -> None:
+        self._log = logger
+        self._window_s = window_s
+        self._logged: dict[tuple[str, int, str], float] = {}
+        self.peers: dict[str, PeerVersion] = {}
+        self.mismatches = 0
+
+    def seen(self, address: str | None, hello: Hello) -> None:
+        if address is not None:
+            self.peers[address] = PeerVersion(hello.about, hello.version, True)
+
+    def mismatch(self, address: str | None, peer: str, exc: VersionMismatch, now: float) -> bool:
+        """Record a peer of another wire version; True if the ERROR line was logged now."""
+        self.mismatches += 1
+        if address is not None:
+            self.peers[address] = PeerVersion(exc.peer_about, exc.peer_wire, False)
+        key = (address or peer.rsplit(":", 1)[0], exc.peer_wire, exc.peer_about)
+        last = self._logged.get(key)
+        if last is not None and now - last < self._window_s:
+            return False
+        if len(self._logged) > 1024:
+            self._logged.clear()  # bounded: a flood of odd peers logs again, no more
+        self._logged[key] = now
+        self._log.error("cannot talk to Raft peer %s: %s", peer, exc)
+        return True
 
 
 # ------------------------------------------------------------------ handshake gate
@@ -162,6 +217,7 @@ class WireContext:
             settings.handshake_timeout_s, settings.max_handshakes
         )
         self.refusals = refusals if refusals is not None else RefusalLog(log)
+        self.versions = VersionLog(log)
 
     def sweep(self, now: float) -> None:
         """Close the connections whose handshake outlived its deadline."""
@@ -240,6 +296,8 @@ class AuthConnection:
         self._session: Session | None = None
         self._last_read = time.monotonic()
         self.peer = "?"
+        self.address: str | None = None  # the Raft address connected to (outgoing)
+        self.peer_hello: Hello | None = None  # once the handshake passed
         self.outgoing = socket is None
         if socket is None:
             return
@@ -294,6 +352,7 @@ class AuthConnection:
         self._sock = sock
         self._set_keepalive()
         self.peer = f"to {host}:{port}"
+        self.address = f"{host}:{port}"
         self._last_read = time.monotonic()
         try:
             sock.connect((host, port))
@@ -366,7 +425,12 @@ class AuthConnection:
     def _begin(self, role: Role) -> None:
         settings = self._ctx.settings
         self._handshake = Handshake(
-            settings.secret, role, os.urandom(NONCE_BYTES), settings.max_payload_bytes
+            settings.secret,
+            role,
+            os.urandom(NONCE_BYTES),
+            settings.max_payload_bytes,
+            about=settings.about,
+            version=settings.wire_version,
         )
         self._out += self._handshake.hello()
 
@@ -452,10 +516,11 @@ class AuthConnection:
                 head = bytes(self._in[: len(MAGIC)])
                 if head != MAGIC[: len(head)]:
                     raise HandshakeRefused(f"not a chronomq Raft hello (starts {head!r})")
-                if len(self._in) < HELLO_BYTES:
+                size = Hello.length(self._in)
+                if size is None or len(self._in) < size:
                     return False
-                own_proof = handshake.on_hello(bytes(self._in[:HELLO_BYTES]))
-                del self._in[:HELLO_BYTES]
+                own_proof = handshake.on_hello(bytes(self._in[:size]))
+                del self._in[:size]
                 self._peer_hello_seen = True
                 self._out += own_proof
                 # Out before the peer's proof is judged: a peer we refuse learns why as well.
@@ -466,10 +531,19 @@ class AuthConnection:
                 return False
             session = handshake.on_proof(bytes(self._in[:PROOF_BYTES]))
             del self._in[:PROOF_BYTES]
+        except VersionMismatch as exc:
+            # Not an intruder: a member of another version. Said at ERROR, with both.
+            self._ctx.versions.mismatch(self.address, self.peer, exc, time.monotonic())
+            self._flush()  # our hello, if still unsent: the peer can say it too
+            self.disconnect()
+            return False
         except HandshakeRefused as exc:
             self.refuse(str(exc))
             return False
         self._session = session
+        self.peer_hello = handshake.peer
+        if handshake.peer is not None:
+            self._ctx.versions.seen(self.address, handshake.peer)
         self._handshake = None
         self._ctx.gate.done(self)
         pending, self._pending = self._pending, []

@@ -16,24 +16,34 @@ accept; each sends its proof once it has the other's hello)::
     frame 0, 1, ... (key I) ------------->
                             <-------------      frame 0, 1, ... (key A)
 
-Hello, 40 bytes::
+Hello, 40 bytes and the sender's "about"::
 
-    +------------------+--------+--------+-----------------+
-    | magic "CMQR" (4) | ver u8 | role u8| zero (2)        |
-    +------------------+--------+--------+-----------------+
-    | nonce: 32 random bytes, fresh for every connection   |
-    +------------------------------------------------------+
+    +------------------+--------+--------+-----------------------+
+    | magic "CMQR" (4) | ver u8 | role u8| about length u16 (BE) |
+    +------------------+--------+--------+-----------------------+
+    | nonce: 32 random bytes, fresh for every connection         |
+    +------------------------------------------------------------+
+    | about: the sender's chronomq version, ASCII (0..64 bytes)  |
+    +------------------------------------------------------------+
 
-    ver = 1; role = 1 (initiator, the side that connected) or 2 (acceptor)
+    ver = 2 (the wire version: hello, proof, frames and the messages they carry);
+    role = 1 (initiator, the side that connected) or 2 (acceptor)
+
+Every wire version keeps these 40 bytes and the about after them, so a node can always name
+the versions of a peer it cannot talk to. Version 1 (builds before the version exchange) sent
+the 40 bytes with a zero length and no about. A node refuses a peer of another wire version
+(:class:`VersionMismatch`: the caller logs it at ERROR with both versions); a peer of the same
+wire version and another chronomq version is accepted, its version recorded.
 
 Proof, 32 bytes::
 
-    +------------------------------------------------------------------------------+
-    | HMAC-SHA256(secret, "chronomq-raft-proof-v1" | role u8 | own nonce | peer nonce) |
-    +------------------------------------------------------------------------------+
+    +-------------------------------------------------------------------------------------+
+    | HMAC-SHA256(secret, "chronomq-raft-proof-v2" | role u8 | own nonce | peer nonce | about) |
+    +-------------------------------------------------------------------------------------+
 
-    role is the sender's: a proof sent back to its author (reflection) names the wrong
-    role and fails; fresh nonces on both sides make a recorded proof useless.
+    role and about are the sender's: a proof sent back to its author (reflection) names the
+    wrong role and fails; fresh nonces on both sides make a recorded proof useless; the about
+    a node records for its peer is the one the peer proved.
 
 Session keys, one per direction (the key of the side that sends)::
 
@@ -68,20 +78,21 @@ from typing import Any
 from chronomq.raftlog import safepickle
 
 MAGIC = b"CMQR"
-VERSION = 1
+VERSION = 2
+MAX_ABOUT_BYTES = 64
 NONCE_BYTES = 32
 MAC_BYTES = 32
-PROOF_LABEL = b"chronomq-raft-proof-v1"
+PROOF_LABEL = b"chronomq-raft-proof-v2"
 KEY_LABEL = b"chronomq-raft-key-v1"
 FLAG_ZLIB = 0x01
 PICKLE_PROTOCOL = 5
 
-_HELLO = struct.Struct(">4sBB2x32s")
+_HELLO = struct.Struct(">4sBBH32s")
 _FRAME_HEADER = struct.Struct(">IB32s")
 _SEQ = struct.Struct(">Q")
 _FLAGS = struct.Struct(">B")
 
-HELLO_BYTES = _HELLO.size  # 40
+HELLO_BYTES = _HELLO.size  # 40, then the about
 PROOF_BYTES = MAC_BYTES  # 32
 FRAME_HEADER_BYTES = _FRAME_HEADER.size  # 37
 
@@ -92,6 +103,27 @@ class WireError(Exception):
 
 class HandshakeRefused(WireError):
     pass
+
+
+class VersionMismatch(HandshakeRefused):
+    """The peer speaks another wire version: no node of either version can fix it but an
+    upgrade of every node to one version."""
+
+    def __init__(self, peer_wire: int, peer_about: str, own_wire: int, own_about: str) -> None:
+        self.peer_wire = peer_wire
+        self.peer_about = peer_about
+        self.own_wire = own_wire
+        self.own_about = own_about
+        peer = (
+            f"chronomq {peer_about}"
+            if peer_about
+            else "a chronomq build from before the version exchange"
+        )
+        super().__init__(
+            f"the peer runs {peer} with Raft wire version {peer_wire}; this node runs chronomq "
+            f"{own_about or 'unknown'} with wire version {own_wire}. Nodes of different wire "
+            "versions cannot form a cluster: upgrade every node to one version together"
+        )
 
 
 class FrameRefused(WireError):
@@ -115,33 +147,59 @@ class Hello:
     role: Role
     nonce: bytes
     version: int = VERSION
+    about: str = ""  # the sender's chronomq version
 
     def __post_init__(self) -> None:
         if len(self.nonce) != NONCE_BYTES:
             raise ValueError(f"nonce must be {NONCE_BYTES} bytes")
+        if len(self.about_bytes) > MAX_ABOUT_BYTES:
+            raise ValueError(f"about must be at most {MAX_ABOUT_BYTES} ASCII bytes")
+
+    @property
+    def about_bytes(self) -> bytes:
+        return self.about.encode("ascii", "replace")
 
     def encode(self) -> bytes:
-        return _HELLO.pack(MAGIC, self.version, self.role, self.nonce)
+        about = self.about_bytes
+        return _HELLO.pack(MAGIC, self.version, self.role, len(about), self.nonce) + about
+
+    @staticmethod
+    def length(head: bytes | bytearray) -> int | None:
+        """The whole hello's length from its first 40 bytes; None with fewer."""
+        if len(head) < HELLO_BYTES:
+            return None
+        (about_len,) = struct.unpack_from(">H", head, 6)
+        if about_len > MAX_ABOUT_BYTES:
+            raise HandshakeRefused(f"malformed hello (about of {about_len} bytes)")
+        return HELLO_BYTES + int(about_len)
 
     @classmethod
     def decode(cls, data: bytes) -> Hello:
-        if len(data) != HELLO_BYTES:
+        """Any wire version's hello (see the module); the caller judges the version."""
+        if len(data) < HELLO_BYTES:
             raise HandshakeRefused(f"hello must be {HELLO_BYTES} bytes, got {len(data)}")
-        magic, version, role, nonce = _HELLO.unpack(data)
+        magic, version, role, about_len, nonce = _HELLO.unpack_from(data)
         if magic != MAGIC:
             raise HandshakeRefused(f"not a chronomq Raft hello (starts {bytes(data[:8])!r})")
-        if version != VERSION:
-            raise HandshakeRefused(f"wire version {version}, this node speaks {VERSION}")
-        if role not in (Role.INITIATOR, Role.ACCEPTOR) or data[6:8] != b"\0\0":
+        if role not in (Role.INITIATOR, Role.ACCEPTOR):
             raise HandshakeRefused(f"malformed hello (role {role})")
-        return cls(Role(role), nonce, version)
+        if len(data) != HELLO_BYTES + about_len or about_len > MAX_ABOUT_BYTES:
+            raise HandshakeRefused(
+                f"malformed hello ({len(data)} bytes for an about of {about_len})"
+            )
+        raw = bytes(data[HELLO_BYTES:])
+        if not all(32 <= b < 127 for b in raw):
+            raise HandshakeRefused(f"malformed hello (about {raw[:16]!r} is not printable ASCII)")
+        return cls(Role(role), nonce, version, raw.decode("ascii"))
 
 
 # ------------------------------------------------------------------ proof and keys
 
 
-def proof(secret: bytes, sender: Role, sender_nonce: bytes, receiver_nonce: bytes) -> bytes:
-    msg = PROOF_LABEL + bytes([sender]) + sender_nonce + receiver_nonce
+def proof(
+    secret: bytes, sender: Role, sender_nonce: bytes, receiver_nonce: bytes, about: bytes = b""
+) -> bytes:
+    msg = PROOF_LABEL + bytes([sender]) + sender_nonce + receiver_nonce + about
     return hmac.digest(secret, msg, hashlib.sha256)
 
 
@@ -260,32 +318,55 @@ class Handshake:
     send what it returns (our proof), feed the peer's proof to :meth:`on_proof` for the
     :class:`Session`. Raises :class:`HandshakeRefused` on any mismatch."""
 
-    def __init__(self, secret: bytes, role: Role, nonce: bytes, max_payload_bytes: int) -> None:
+    def __init__(
+        self,
+        secret: bytes,
+        role: Role,
+        nonce: bytes,
+        max_payload_bytes: int,
+        *,
+        about: str = "",
+        version: int = VERSION,
+    ) -> None:
+        """``about``: this node's chronomq version; ``version``: the wire version it
+        advertises (another than :data:`VERSION` only in tests of a mixed cluster)."""
         self._secret = secret
         self.role = role
-        self._hello = Hello(role, nonce)
-        self._peer_nonce: bytes | None = None
+        self._hello = Hello(role, nonce, version, about)
+        self._peer: Hello | None = None
         self._max_payload_bytes = max_payload_bytes
+
+    @property
+    def peer(self) -> Hello | None:
+        """The peer's hello, once received (its about is proved once :meth:`on_proof` passed)."""
+        return self._peer
 
     def hello(self) -> bytes:
         return self._hello.encode()
 
     def on_hello(self, data: bytes) -> bytes:
         peer = Hello.decode(data)
+        if peer.version != self._hello.version:
+            raise VersionMismatch(peer.version, peer.about, self._hello.version, self._hello.about)
         if peer.role != self.role.peer:
             raise HandshakeRefused(f"peer says it is the {peer.role.name.lower()} too")
         if hmac.compare_digest(peer.nonce, self._hello.nonce):
             raise HandshakeRefused("peer sent our own nonce back")
-        self._peer_nonce = peer.nonce
-        return proof(self._secret, self.role, self._hello.nonce, peer.nonce)
+        self._peer = peer
+        return proof(
+            self._secret, self.role, self._hello.nonce, peer.nonce, self._hello.about_bytes
+        )
 
     def on_proof(self, data: bytes) -> Session:
-        if self._peer_nonce is None:
+        peer = self._peer
+        if peer is None:
             raise HandshakeRefused("proof before hello")
-        expected = proof(self._secret, self.role.peer, self._peer_nonce, self._hello.nonce)
+        expected = proof(
+            self._secret, self.role.peer, peer.nonce, self._hello.nonce, peer.about_bytes
+        )
         if len(data) != PROOF_BYTES or not hmac.compare_digest(data, expected):
             raise HandshakeRefused("proof does not match the cluster secret")
-        mine, theirs = self._hello.nonce, self._peer_nonce
+        mine, theirs = self._hello.nonce, peer.nonce
         ni, na = (mine, theirs) if self.role is Role.INITIATOR else (theirs, mine)
         return Session(
             session_key(self._secret, self.role, ni, na),

@@ -130,6 +130,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "applied": n.get("applied_index", "-"),
                 "lag": n.get("replication_lag", "-"),
                 "reachable": n.get("reachable"),
+                "ready": n.get("ready", "-"),
+                "version": f"{n.get('version') or '-'}/w{n.get('wire_version', '-')}",
                 "uptime_s": n.get("uptime_s", "-"),
                 "last_election_ms": n.get("last_election_ms") or "-",
             }
@@ -144,10 +146,22 @@ def cmd_status(args: argparse.Namespace) -> int:
             "applied",
             "lag",
             "reachable",
+            "ready",
+            "version",
             "uptime_s",
             "last_election_ms",
         ],
     )
+    wires = {n.get("wire_version") for n in view["nodes"] if n.get("wire_version") is not None}
+    if len(wires) > 1:
+        print(
+            "nodes speak different Raft wire versions and cannot form one cluster: upgrade "
+            "every node to one version together"
+        )
+    for n in view["nodes"]:
+        # What /readyz answers on that node, and why (a node can know a leader it cannot use).
+        if n.get("reachable") and n.get("ready") is False:
+            print(f"node {n['id']} not ready: {n.get('ready_reason')}")
     return 0
 
 

@@ -183,6 +183,17 @@ KEYS: tuple[Key, ...] = (
     Key("max_pull_messages", int, 1000, "Most messages one pull returns.", min=1, max=100_000),
     Key("max_wait_ms", int, 30_000, "Longest long-poll a pull may ask for.", min=0, max=300_000),
     Key(
+        "follower_read_timeout_ms",
+        int,
+        5_000,
+        "Longest a follower waits, before it answers a read with no such topic or an empty "
+        "page, to learn the leader's commit index and apply that far (so that it answers only "
+        "once it holds every write acknowledged before the read); past it the read answers "
+        "503 replica_behind.",
+        min=10,
+        max=300_000,
+    ),
+    Key(
         "max_pull_bytes",
         int,
         4 * 1024 * 1024,

@@ -233,6 +233,7 @@ class NodeConfig:
     max_messages_per_request: int
     max_pull_messages: int
     max_wait_ms: int
+    follower_read_timeout_ms: int
     max_pull_bytes: int
     # HTTP server limits.
     max_http_connections: int

@@ -71,17 +71,19 @@ async def readyz(request: web.Request) -> web.Response:
         # Not ready, and not something a retry fixes: 410, as the client routes answer.
         gone = "this node was removed from the cluster"
         raise ApiError(410, "removed_from_cluster", gone, extra={"status": "removed_from_cluster"})
-    leader = broker.raftlog.leader_address()
-    if leader is None:
+    readiness = broker.raftlog.readiness()
+    if not readiness.ready:
+        # Ready means a write sent here can commit now: a leader this node hears from,
+        # holding a quorum (raftlog/readiness.py), not merely the last leader it heard of.
         raise ApiError(
             503,
             "no_leader",
-            "no leader is known yet; retry shortly",
+            f"not ready: {readiness.reason}; retry shortly",
             None,
             {"Retry-After": "1"},
             {"status": "no_leader"},
         )
-    return json_response({"status": "ready", "leader": broker.node_id_of(leader)})
+    return json_response({"status": "ready", "leader": broker.node_id_of(readiness.leader)})
 
 
 async def openapi(request: web.Request) -> web.Response:

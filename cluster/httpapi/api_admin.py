@@ -45,6 +45,11 @@ async def admin_cluster(request: web.Request) -> web.Response:
     return json_response(await request.app[BROKER].cluster_view())
 
 
+async def admin_read_index(request: web.Request) -> web.Response:
+    """The leader's commit index, for a follower's read (cluster/node/readfence.py)."""
+    return json_response(request.app[BROKER].read_index())
+
+
 async def admin_digest(request: web.Request) -> web.Response:
     return json_response(request.app[BROKER].raftlog.digest())
 
@@ -229,6 +234,7 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/v1/admin/node", admin_node)
     r.add_get("/v1/admin/cluster", admin_cluster)
     r.add_get("/v1/admin/digest", admin_digest)
+    r.add_get("/v1/admin/read-index", admin_read_index)
     r.add_get("/v1/admin/config", admin_config)
     r.add_patch("/v1/admin/config", admin_config_patch)
     r.add_post("/v1/admin/leadership/transfer", leadership_transfer)

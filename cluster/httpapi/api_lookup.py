@@ -157,10 +157,16 @@ async def _search(request: web.Request, fn: Any, *args: Any) -> Any:
 async def get_message(request: web.Request) -> web.Response:
     msg_id = record.parse_msg_id(request.match_info["msg_id"], "msg_id")
     topic = request.query.get("topic") or None
+    broker = request.app[BROKER]
     if topic is not None:
         record.validate_topic(topic, "topic")
-        request.app[BROKER].queue_count(topic)  # 404 unknown_topic
+        await broker.ensure_topic(topic)  # a follower's 404 holds every acknowledged write
+        broker.queue_count(topic)  # 404 unknown_topic
     found = await _search(request, _finder(request).by_id, msg_id, topic)
+    if found is None and not broker.raftlog.is_leader:
+        # Not here yet, maybe: once this follower holds every write acknowledged before now.
+        await broker.read_fence.wait()
+        found = await _search(request, _finder(request).by_id, msg_id, topic)
     if found is None:
         where = f"topic {topic}" if topic else "any topic"
         raise ApiError(
@@ -174,13 +180,17 @@ async def get_message(request: web.Request) -> web.Response:
 
 async def messages_by_key(request: web.Request) -> web.Response:
     topic = request.match_info["topic"]
-    request.app[BROKER].queue_count(topic)  # 404 unknown_topic
+    broker = request.app[BROKER]
+    await broker.ensure_topic(topic)  # a follower's 404 holds every acknowledged write
+    broker.queue_count(topic)  # 404 unknown_topic
     key = request.query.get("key")
     if not key:
         raise bad_request("query parameter key is required", "key")
     if len(key) > 256 or " " in key:
         raise bad_request("key must be 1 to 256 characters without spaces", "key")
     limit = int_param(request, "max", 20, 1, MAX_KEY_RESULTS)
+    if not broker.raftlog.is_leader:
+        await broker.read_fence.wait()  # the answer holds every write acknowledged before now
     return json_response(await _search(request, _finder(request).by_key, topic, key, limit))
 
 

@@ -69,7 +69,10 @@ async def pull(request: web.Request) -> web.Response:
 
 
 async def describe_topic(request: web.Request) -> web.Response:
-    return json_response(request.app[BROKER].describe_topic(request.match_info["topic"]))
+    broker = request.app[BROKER]
+    topic = request.match_info["topic"]
+    await broker.ensure_topic(topic)  # a follower's 404 is true after every acknowledged write
+    return json_response(broker.describe_topic(topic))
 
 
 async def list_topics(request: web.Request) -> web.Response:

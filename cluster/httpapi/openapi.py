@@ -154,6 +154,14 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
         models.Digest,
         [],
     ),
+    ("GET", "/v1/admin/read-index"): (
+        "On the leader, while its lease holds: its commit index, which a follower applies up "
+        "to before it answers a read with no such topic or an empty page (503 not_leader "
+        "elsewhere).",
+        None,
+        models.ReadIndex,
+        [],
+    ),
     ("GET", "/v1/admin/config"): (
         "This node's effective config (secrets masked): its file's, overlaid with the runtime "
         "values the cluster has replicated (listed in runtime; the same on every node).",
@@ -213,7 +221,9 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
         [],
     ),
     ("GET", "/readyz"): (
-        "200 once the node knows a leader, else 503; 410 on a node removed from the cluster.",
+        "200 while a write sent to this node can commit: it leads with a quorum of "
+        "acknowledgements within the lease, or it hears from a leader that does; else 503 "
+        "no_leader saying why; 410 on a node removed from the cluster.",
         None,
         models.Ready,
         [],

@@ -6,9 +6,17 @@
   Deletion is local: segments are this node's files, the replicated state (CommitLog length,
   hash chain, tables) does not change, so digests stay equal on every replica whatever each
   one deleted.
-- **Guard** (``disk_space_warning_level_ratio``): above it, produce answers 507 ``disk_full``
-  with ``Retry-After``; delivery, consumption and admin go on. The data directory's usage is
-  sampled with ``os.statvfs`` at most once per :data:`SAMPLE_INTERVAL_S`, never per request.
+- **Guard** (``disk_space_warning_level_ratio``): the leader admits a produce only when a
+  majority of the members, itself among them, would still have :func:`reserve_bytes` free
+  (the ratio's share of the disk, at least four times the floor of :mod:`chronomq.raftlog.room`)
+  after everything admitted and not yet written, this request included. What a request needs
+  is counted per message (:func:`disk_need`): its record in the CommitLog and in the Raft
+  journal, its ConsumeQueue unit, and for a delayed message its delivered copy (journal and
+  CommitLog again), its TimerLog record and that record's copy. Followers report their free
+  space with every acknowledgement (``raftlog/transport.py``); a member with no report in the
+  last :data:`REPORT_STALE_S` counts as without room. Otherwise produce answers 507
+  ``disk_full`` naming the nodes short of room, with ``Retry-After``; delivery, consumption and
+  admin go on. Below the guard, every node pauses by itself at the floor (raftlog/room.py).
 
 What "still needed" means, lowest of:
 
@@ -28,11 +36,12 @@ What "still needed" means, lowest of:
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,17 +50,20 @@ from chronomq.cluster.config.nodeconfig import NodeConfig
 from chronomq.cluster.node.errors import ApiError
 from chronomq.pop import lowest_needed_offset as pop_needed
 from chronomq.raftlog.chain import BLOCK_BYTES
-from chronomq.raftlog.node import RaftLog
+from chronomq.raftlog.node import NewMessage, RaftLog
 from chronomq.raftlog.retention import (
     RetentionDecision,
     RetentionPolicy,
     SegmentInfo,
     plan_retention,
 )
+from chronomq.raftlog.room import floor_bytes as room_floor
 from chronomq.raftlog.snapshot import COMPARE_WINDOW_BYTES, TAIL_DIGEST_BYTES
 from chronomq.raftlog.store import Store
 from chronomq.schedule.hold import lowest_needed_offset as schedule_needed
+from chronomq.schedule.levels import SCHEDULE_TOPIC
 from chronomq.timer.hold import TimerHold
+from chronomq.timer.message import TIMER_QUEUE, TIMER_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +74,16 @@ NEAR_MARGIN = 0.10
 #: adds the writes since the last sample to it, so a burst between samples counts.
 WRITE_AMPLIFICATION = 2
 RETENTION_INTERVAL_S = 2.0
+#: A follower's free space reported longer ago than this is not trusted (it reports with
+#: every acknowledgement, many times a second).
+REPORT_STALE_S = 2.0
+#: Bytes of a message record besides its topic, body and properties (layout, ids, times).
+RECORD_OVERHEAD_BYTES = 128
+#: Raft journal + CommitLog: every record is written twice until the journal is compacted.
+COPIES = 2
+CQ_UNIT_BYTES = 20
+#: A timer's TimerLog record and its copy in the CommitLog's TimerLog topic.
+TIMER_BYTES = 80 + 81
 #: ``(applied index, needed offset)`` pairs kept while waiting for a snapshot to pass them.
 HISTORY_MAX = 256
 RETRY_AFTER_S = 5
@@ -133,6 +155,41 @@ class DiskGauge:
         return min(1.0, usage.used_ratio + grown / usage.total_bytes)
 
 
+def reserve_bytes(total_bytes: int, warning_level_ratio: float) -> int:
+    """Free space the guard keeps on every member of the majority it needs."""
+    return max(int(total_bytes * (1 - warning_level_ratio)), 4 * room_floor(total_bytes))
+
+
+def disk_need(messages: Iterable[NewMessage]) -> int:
+    """Bytes a node writes for ``messages`` until they are delivered (see the module)."""
+    need = 0
+    for m in messages:
+        props = sum(len(k) + len(v) + 2 for k, v in m.properties.items())
+        record_bytes = len(m.body) + len(m.topic) + props + RECORD_OVERHEAD_BYTES
+        need += COPIES * record_bytes + CQ_UNIT_BYTES
+        if m.topic in (SCHEDULE_TOPIC, TIMER_TOPIC):
+            need += COPIES * record_bytes + CQ_UNIT_BYTES + TIMER_BYTES
+    return need
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRoom:
+    """What the guard knows of one member's disk."""
+
+    node: str  # "node 2 (this node)", "node 1"
+    free_bytes: int | None  # projected: less what was written and admitted since it was read
+    total_bytes: int | None
+    ok: bool
+
+    def describe(self) -> str:
+        if self.free_bytes is None or self.total_bytes is None:
+            return f"{self.node}: no recent report"
+        return (
+            f"{self.node}: {max(0, self.free_bytes) / 2**20:.1f} MiB free of "
+            f"{self.total_bytes / 2**20:.0f} MiB"
+        )
+
+
 def chain_floor(length: int) -> int:
     """The lowest offset a restore at ``length`` reads: the hash chain's last partial block,
     the snapshot's tail digest and the window compared with peers."""
@@ -162,6 +219,7 @@ class DiskService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.rejected = 0
+        self.reserved_bytes = 0  # admitted produce requests not yet answered (see admit)
         self.passes = 0
         self.last: RetentionDecision | None = None
         self.last_needed: int | None = None
@@ -180,21 +238,68 @@ class DiskService:
 
     # ------------------------------------------------------------------ guard
 
-    def check_produce(self) -> None:
-        """507 ``disk_full`` when the data directory is above the warning level."""
-        limit = self.config.disk_space_warning_level_ratio
-        used = self.gauge.projected_ratio()
-        if used > limit:
-            self.rejected += 1
-            raise ApiError(
-                507,
-                "disk_full",
-                f"the data directory is {used:.1%} full, above "
-                f"disk_space_warning_level_ratio {limit}: produce is refused until retention "
-                "frees space or the disk grows; delivery and consumption go on",
-                None,
-                {"Retry-After": str(RETRY_AFTER_S)},
+    @contextlib.contextmanager
+    def admit(self, need_bytes: int) -> Iterator[None]:
+        """Hold ``need_bytes`` of every member's disk while a produce is written; 507
+        ``disk_full`` when a majority would not keep :func:`reserve_bytes` free."""
+        self.check_produce(need_bytes)
+        self.reserved_bytes += need_bytes
+        try:
+            yield
+        finally:
+            self.reserved_bytes -= need_bytes
+
+    def members_room(self, need_bytes: int = 0) -> list[MemberRoom]:
+        """Each member's projected free space after what is admitted and ``need_bytes``."""
+        ratio = self.config.disk_space_warning_level_ratio
+        machine = self.raftlog.machine
+        pending = self.reserved_bytes + need_bytes
+        own = machine.room_gauge.room()
+        own_free = own.free_bytes - pending
+        rows = [
+            MemberRoom(
+                f"node {self.config.node_id} (this node)",
+                own_free,
+                own.total_bytes,
+                own.total_bytes <= 0 or own_free >= reserve_bytes(own.total_bytes, ratio),
             )
+        ]
+        now = time.monotonic()
+        written = self.store.commitlog.length
+        for peer in self.broker.peers():
+            report = machine.peer_rooms.get(peer.raft)
+            if report is None or now - report[1] > REPORT_STALE_S:
+                rows.append(MemberRoom(f"node {peer.id}", None, None, False))
+                continue
+            room, _at, written_then = report
+            free = room.free_bytes - COPIES * max(0, written - written_then) - pending
+            ok = room.total_bytes <= 0 or free >= reserve_bytes(room.total_bytes, ratio)
+            rows.append(MemberRoom(f"node {peer.id}", free, room.total_bytes, ok))
+        return rows
+
+    def check_produce(self, need_bytes: int = 0) -> None:
+        """507 ``disk_full`` unless this node and enough others for a majority would keep
+        :func:`reserve_bytes` free after what is admitted and ``need_bytes``."""
+        rows = self.members_room(need_bytes)
+        majority = len(rows) // 2 + 1
+        with_room = sum(1 for r in rows if r.ok)
+        if rows[0].ok and with_room >= majority:
+            return
+        self.rejected += 1
+        short = "; ".join(r.describe() for r in rows if not r.ok)
+        ratio = self.config.disk_space_warning_level_ratio
+        raise ApiError(
+            507,
+            "disk_full",
+            f"produce refused: a write must fit on this node and on a majority ({majority} of "
+            f"{len(rows)}) while each keeps {1 - ratio:.0%} of its disk free "
+            f"(disk_space_warning_level_ratio {ratio}), after the "
+            f"{self.reserved_bytes / 2**20:.1f} MiB already admitted and this request's "
+            f"{need_bytes / 2**20:.1f} MiB; short of room: {short}. Retry once retention frees "
+            "space or the disks grow; delivery and consumption go on",
+            None,
+            {"Retry-After": str(RETRY_AFTER_S)},
+        )
 
     # ------------------------------------------------------------------ retention
 
@@ -207,8 +312,6 @@ class DiskService:
         if machine is not None and machine.name in self.store.extensions:
             lows.append(self._timer_hold.lowest_needed_offset(machine, self.store))
         else:  # no timer here: everything ever put into the timer topic may still wait
-            from chronomq.timer.message import TIMER_QUEUE, TIMER_TOPIC
-
             units = self.store.read_units(TIMER_TOPIC, TIMER_QUEUE, 0, 1)
             lows.append(units[0].commitlog_offset if units else None)
         if getattr(self.broker, "pop", None) is not None:
@@ -272,6 +375,14 @@ class DiskService:
 
     # ------------------------------------------------------------------ status
 
+    def _admits(self) -> bool:
+        try:
+            self.check_produce()
+        except ApiError:
+            self.rejected -= 1  # a look, not a refusal
+            return False
+        return True
+
     def stats(self) -> dict[str, Any]:
         usage = self.gauge.sample()
         commitlog = self.store.commitlog
@@ -284,9 +395,22 @@ class DiskService:
             "warning_level_ratio": self.config.disk_space_warning_level_ratio,
             "max_used_space_ratio": self.config.disk_max_used_space_ratio,
             "file_reserved_time_h": self.config.file_reserved_time_h,
-            "produce_refused": self.gauge.projected_ratio()
-            > self.config.disk_space_warning_level_ratio,
+            "produce_refused": not self._admits(),
             "produce_rejections": self.rejected,
+            "reserved_bytes": self.reserved_bytes,
+            "reserve_bytes": reserve_bytes(
+                usage.total_bytes, self.config.disk_space_warning_level_ratio
+            ),
+            "members": [
+                {
+                    "node": r.node,
+                    "free_bytes": r.free_bytes,
+                    "total_bytes": r.total_bytes,
+                    "ok": r.ok,
+                }
+                for r in self.members_room()
+            ],
+            "paused": self.raftlog.machine.room_watch.pause is not None,
             "commitlog_min_offset": commitlog.min_offset,
             "commitlog_max_offset": commitlog.length,
             "segments": len(commitlog.segments()),
@@ -334,11 +458,23 @@ def install_metrics(
     tl_segments = Gauge(
         "chronomq_timerlog_segments", "TimerLog segment files on disk", registry=registry
     )
+    paused = Gauge(
+        "chronomq_disk_paused",
+        "1 while this node takes no Raft entries for want of disk room",
+        registry=registry,
+    )
+    reserved = Gauge(
+        "chronomq_produce_admitted_bytes",
+        "Disk bytes held for produce requests admitted and not yet answered",
+        registry=registry,
+    )
 
     def collect() -> None:
         usage = service.gauge.sample()
         used.set(usage.used_ratio)
         free.set(usage.free_bytes)
+        paused.set(int(service.raftlog.machine.room_watch.pause is not None))
+        reserved.set(service.reserved_bytes)
         cl_min.set(service.store.commitlog.min_offset)
         cl_max.set(service.store.commitlog.length)
         timerlog = service.timerlog()

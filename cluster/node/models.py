@@ -295,6 +295,22 @@ class NodeStatus(Answer):
     ] = UNSET
     http_connections: dict[str, Any] | None | UnsetType = UNSET
     disk: dict[str, Any] | None | UnsetType = UNSET
+    wire_version: Annotated[
+        int | UnsetType,
+        Meta(description="the Raft wire version this node speaks (peers must speak the same)"),
+    ] = UNSET
+    peer_versions: Annotated[
+        dict[str, Any] | UnsetType,
+        Meta(
+            description="Raft address of each peer whose hello this node received: its "
+            "version, wire_version and whether this node can talk to it (compatible)"
+        ),
+    ] = UNSET
+    ready: Annotated[
+        bool | UnsetType,
+        Meta(description="what /readyz says: a write sent to this node can commit now"),
+    ] = UNSET
+    ready_reason: Annotated[str | UnsetType, Meta(description="why it is (not) ready")] = UNSET
     peers_connected: Annotated[
         dict[str, bool] | UnsetType,
         Meta(description="Raft address of each other member: whether a connection to it is up"),
@@ -367,7 +383,9 @@ class ClusterView(Answer):
         list[dict[str, Any]],
         Meta(
             description="each node as /v1/admin/node answers (with replication_lag), or "
-            "{id, role: unknown, http_url, reachable: false} for one that did not answer"
+            "{id, role: unknown, http_url, reachable: false} for one that did not answer, with "
+            "version and wire_version when the node asked knows them from that node's Raft "
+            "handshake"
         ),
     ]
     leader_changes: list[LeaderChange]
@@ -453,6 +471,13 @@ class DlqRequest(Request):
 
 class DlqAnswer(Answer):
     status: Literal["forwarded", "expired"]
+
+
+class ReadIndex(Answer):
+    """The leader's commit index, for a follower's read (``GET /v1/admin/read-index``)."""
+
+    commit_index: int
+    term: int
 
 
 class Ready(Answer):

@@ -221,7 +221,10 @@ class OffsetRpcs(ServicerBase):
     @rpc(spb.QueryOffsetResponse)
     async def QueryOffset(self, request: Any, context: Any) -> Any:
         topic, queue = queue_of(request.message_queue)
-        self.broker.check_queue(topic, queue)
+        # A follower answers only once it holds every write acknowledged before the call.
+        await self.broker.ensure_queue(topic, queue)
+        if not self.broker.raftlog.is_leader:
+            await self.broker.read_fence.wait()
         store = self.broker.raftlog.store
         policy = request.query_offset_policy
         if policy == Policy.BEGINNING:
@@ -320,10 +323,13 @@ class OffsetRpcs(ServicerBase):
         broker = self.broker
         store = broker.raftlog.store
         topic, queue = args.topic, args.queue
-        broker.check_queue(topic, queue)
         wanted = None if args.tags is None else frozenset(tags_hash(t) for t in args.tags)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + args.wait_ms / 1000
+        # On a follower: a topic or an offset it does not hold yet is checked against the
+        # leader's commit index first (a long poll also waits for the topic to appear).
+        await broker.ensure_queue(topic, queue, deadline)
+        await broker.fence_read(topic, queue, args.offset)
         offset = args.offset
         budget = MAX_FILTER_SCAN
         while True:
@@ -335,7 +341,7 @@ class OffsetRpcs(ServicerBase):
                 offset, budget = self._skip_other_tags(topic, queue, offset, end, wanted, budget)
                 if budget <= 0 and offset < end:
                     return Pulled((), offset)
-            page, _end = await broker.pull(topic, queue, offset, args.batch, left_ms)
+            page, _end = await broker.pull(topic, queue, offset, args.batch, left_ms, fenced=True)
             messages = [orjson.loads(b) for b in page.messages]
             if args.tags is not None:
                 matched = [m for m in messages if m.get("tags") in args.tags]

@@ -290,6 +290,7 @@ def _app(tmp_path: Path, store: BlockingStore) -> web.Application:
         add_apply_listener=lambda fn: None,
         leader_address=lambda: None,
         removal=None,
+        is_leader=True,  # reads its own store: no read index to ask a leader for
     )
     config = load(overrides={"data_dir": str(tmp_path), "max_pull_bytes": 1_000_000})
     return create_app(Broker(config, raftlog))  # type: ignore[arg-type]

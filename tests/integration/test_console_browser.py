@@ -142,7 +142,8 @@ def test_every_view_shows_the_api_and_acts_on_the_cluster(make_cluster: Any, bro
         row = f'#nodes-table tr[data-node="{n["id"]}"]'
         assert page.locator(f"{row} td").nth(1).inner_text().strip() == n["role"]
         assert num(page.locator(f"{row} td").nth(2).inner_text()) == n["term"]
-        assert page.locator(f"{row} td").nth(8).inner_text().strip() == n["http_url"]
+        assert page.locator(f"{row} td.ready").inner_text().strip() == "yes"
+        assert page.locator(f"{row} td").nth(10).inner_text().strip() == n["http_url"]
     assert "node" in tab.text("#cluster-timeline")
     tab.shot("cluster")
 

@@ -70,7 +70,10 @@ def _handshake(sock: socket.socket, secret: bytes) -> Session:
     proof does not match ``secret`` (after sending ours, which the node judges too)."""
     side = Handshake(secret, Role.INITIATOR, os.urandom(32), 1 << 24)
     sock.sendall(side.hello())
-    sock.sendall(side.on_hello(_recv_exact(sock, wireproto.HELLO_BYTES)))
+    head = _recv_exact(sock, wireproto.HELLO_BYTES)
+    size = wireproto.Hello.length(head)
+    assert size is not None
+    sock.sendall(side.on_hello(head + _recv_exact(sock, size - len(head))))
     return side.on_proof(_recv_exact(sock, wireproto.PROOF_BYTES))
 
 

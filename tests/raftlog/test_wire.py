@@ -41,6 +41,7 @@ from chronomq.raftlog.wireproto import (
     Hello,
     Role,
     Session,
+    VersionMismatch,
     encode_frame,
 )
 
@@ -75,37 +76,75 @@ def evil(tmp_path: Path) -> Iterator[tuple[bytes, Path]]:
 
 def test_hello_golden_bytes_both_ways() -> None:
     golden = bytes.fromhex(
-        "434d515201010000000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+        "434d5152020100050001020304050607"
+        "08090a0b0c0d0e0f1011121314151617"
+        "18191a1b1c1d1e1f" + b"0.2.0".hex()
     )
-    assert Hello(Role.INITIATOR, NI).encode() == golden
-    assert Hello.decode(golden) == Hello(Role.INITIATOR, NI)
-    assert len(golden) == wireproto.HELLO_BYTES == 40
+    hello = Hello(Role.INITIATOR, NI, about="0.2.0")
+    assert hello.encode() == golden
+    assert Hello.decode(golden) == hello
+    assert Hello.length(golden[:40]) == len(golden) == wireproto.HELLO_BYTES + 5
+    assert Hello.length(golden[:39]) is None
+
+
+def test_a_version_1_hello_decodes_with_no_about() -> None:
+    """What builds before the version exchange send: 40 bytes, version 1, zero length."""
+    v1 = bytes.fromhex("434d515201010000") + NI
+    assert Hello.length(v1) == 40
+    assert Hello.decode(v1) == Hello(Role.INITIATOR, NI, 1, "")
 
 
 @pytest.mark.parametrize(
     ("mutate", "why"),
     [
         (lambda b: b"XMQR" + b[4:], "not a chronomq Raft hello"),
-        (lambda b: b[:4] + b"\x02" + b[5:], "wire version 2"),
         (lambda b: b[:5] + b"\x07" + b[6:], "malformed hello"),
         (lambda b: b[:6] + b"\x00\x01" + b[8:], "malformed hello"),
+        (lambda b: b[:-1] + b"\x07", "not printable ASCII"),
         (lambda b: b[:39], "hello must be 40 bytes"),
     ],
 )
 def test_a_corrupted_hello_is_refused(mutate: Callable[[bytes], bytes], why: str) -> None:
     with pytest.raises(HandshakeRefused, match=why):
-        Hello.decode(mutate(Hello(Role.INITIATOR, NI).encode()))
+        Hello.decode(mutate(Hello(Role.INITIATOR, NI, about="0.2.0").encode()))
+
+
+def test_a_peer_of_another_wire_version_is_refused_naming_both_versions() -> None:
+    new = Handshake(SECRET, Role.ACCEPTOR, NA, LIMIT, about="0.3.0", version=3)
+    with pytest.raises(VersionMismatch) as err:
+        new.on_hello(Hello(Role.INITIATOR, NI, 2, "0.2.0").encode())
+    text = str(err.value)
+    assert "chronomq 0.2.0 with Raft wire version 2" in text
+    assert "chronomq 0.3.0 with wire version 3" in text
+    v1 = bytes.fromhex("434d515201010000") + NI
+    with pytest.raises(
+        VersionMismatch, match="before the version exchange with Raft wire version 1"
+    ):
+        Handshake(SECRET, Role.ACCEPTOR, NA, LIMIT, about="0.2.0").on_hello(v1)
 
 
 def test_proof_and_keys_golden_bytes_follow_the_documented_layout() -> None:
-    p = wireproto.proof(SECRET, Role.INITIATOR, NI, NA)
-    assert p.hex() == "01afb820dc5bca46f9e9753fa292e0beff67f6eae71e4a30361ed23917435b77"
-    assert p == hmac.digest(SECRET, b"chronomq-raft-proof-v1\x01" + NI + NA, hashlib.sha256)
+    p = wireproto.proof(SECRET, Role.INITIATOR, NI, NA, b"0.2.0")
+    assert p.hex() == "8f71e21ac52179fc5fea9887ea0654b7939444237c7172879ccc9302b3000743"
+    assert p == hmac.digest(
+        SECRET, b"chronomq-raft-proof-v2\x01" + NI + NA + b"0.2.0", hashlib.sha256
+    )
     ki = wireproto.session_key(SECRET, Role.INITIATOR, NI, NA)
     ka = wireproto.session_key(SECRET, Role.ACCEPTOR, NI, NA)
     assert ki.hex() == "d7f4b424fb30ff39620a756e4be1d1e0dd6540413255fb7823faa0fdbf316c7e"
     assert ka.hex() == "01a64bcd568ed66c5b20cf01a85a3595b60c890b7f24f2059e6c2aa726c9f0b1"
     assert ka == hmac.digest(SECRET, b"chronomq-raft-key-v1\x02" + NI + NA, hashlib.sha256)
+
+
+def test_a_proof_binds_the_about_a_peer_sent() -> None:
+    """A hello whose about was changed on the way fails the proof."""
+    ini = Handshake(SECRET, Role.INITIATOR, NI, LIMIT, about="0.2.0")
+    acc = Handshake(SECRET, Role.ACCEPTOR, NA, LIMIT, about="0.2.0")
+    forged = Hello(Role.INITIATOR, NI, about="9.9.9").encode()
+    acc.on_hello(forged)
+    proof_i = ini.on_hello(acc.hello())
+    with pytest.raises(HandshakeRefused, match="cluster secret"):
+        acc.on_proof(proof_i)
 
 
 def test_frame_golden_bytes_both_ways() -> None:
@@ -537,6 +576,47 @@ def test_a_wrong_secret_closes_the_connection_and_is_logged(
     # Each side sends its proof before judging the other's: both see why.
     assert any("from 127.0.0.1:" in m and "cluster secret" in m for m in refusals), refusals
     assert any("to 127.0.0.1:" in m and "cluster secret" in m for m in refusals), refusals
+
+
+def test_peers_of_another_wire_version_say_so_at_error_with_both_versions(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    client_ctx = harness.context(SECRET, about="0.2.0")
+    server_ctx = harness.context(SECRET, about="0.3.0", wire_version=wireproto.VERSION + 1)
+    client = harness.client(client_ctx)
+    server = harness.accept(server_ctx)
+    with caplog.at_level(logging.WARNING, "chronomq.raftlog.wire"):
+        harness.run_until(
+            lambda: client.state == server.state == CONNECTION_STATE.DISCONNECTED, "refusal"
+        )
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 2, errors  # each side, once
+    for line in errors:
+        assert "chronomq 0.2.0 with" in line and f"wire version {wireproto.VERSION}" in line
+        assert "chronomq 0.3.0 with" in line and f"wire version {wireproto.VERSION + 1}" in line
+    address = f"127.0.0.1:{harness.port}"
+    assert client_ctx.versions.peers[address].as_json() == {
+        "version": "0.3.0",
+        "wire_version": wireproto.VERSION + 1,
+        "compatible": False,
+    }
+    # A reconnect says it again only after the window.
+    caplog.clear()
+    again = harness.client(client_ctx)
+    harness.accept(server_ctx)
+    with caplog.at_level(logging.WARNING, "chronomq.raftlog.wire"):
+        harness.run_until(lambda: again.state == CONNECTION_STATE.DISCONNECTED, "refusal")
+    assert not [r for r in caplog.records if "to 127.0.0.1" in r.getMessage()]
+
+
+def test_a_compatible_peer_is_recorded_with_its_version(harness: Harness) -> None:
+    client_ctx = harness.context(SECRET, about="0.2.0")
+    client = harness.client(client_ctx)
+    harness.accept(harness.context(SECRET, about="0.2.1"))
+    harness.run_until(lambda: "client connected" in harness.events, "handshake")
+    assert client.peer_hello is not None and client.peer_hello.about == "0.2.1"
+    peer = client_ctx.versions.peers[f"127.0.0.1:{harness.port}"]
+    assert peer.compatible and peer.version == "0.2.1"
 
 
 def test_pysyncobj_wire_bytes_are_refused_before_unpickling(

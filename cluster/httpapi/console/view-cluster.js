@@ -1,4 +1,5 @@
-// Cluster: every node's role, term, indexes, lag, reachability and uptime; the leader; a
+// Cluster: every node's role, term, indexes, lag, reachability, readiness (what its /readyz
+// says, the reason on hover), version (chronomq and Raft wire) and uptime; the leader; a
 // timeline of leader changes. Polled twice a second, so a failover shows within a second.
 import { api, fill, badge, card, fmtDuration, fmtInt, fmtTime, h, table } from "./app.js";
 
@@ -24,7 +25,7 @@ export function create(main) {
         card("Reachable", `${view.nodes.filter((n) => n.reachable).length} of ${view.nodes.length}`),
       );
       nodes.replaceChildren(table(
-        ["id", "role", "term", "commit index", "applied index", "lag", "reachable", "uptime", "http URL"],
+        ["id", "role", "term", "commit index", "applied index", "lag", "reachable", "ready", "version", "uptime", "http URL"],
         view.nodes.map((n) => h("tr", { "data-node": n.id, class: n.reachable ? "" : "down" },
           h("td", {}, n.id),
           h("td", {}, badge(n.role, n.role === "leader" ? "good" : n.reachable ? "" : "bad")),
@@ -33,6 +34,9 @@ export function create(main) {
           h("td", { class: "num" }, fmtInt(n.applied_index)),
           h("td", { class: "num" }, fmtInt(n.replication_lag)),
           h("td", {}, n.reachable ? badge("yes", "good") : badge("no", "bad")),
+          h("td", { class: "ready", title: n.ready_reason || "" },
+            n.ready === undefined ? "–" : n.ready ? badge("yes", "good") : badge("no", "bad")),
+          h("td", { class: "version" }, n.version ? `${n.version} (wire ${n.wire_version ?? "?"})` : "–"),
           h("td", {}, fmtDuration(n.uptime_s)),
           h("td", {}, n.http_url ? h("a", { href: `${n.http_url}/console#cluster` }, n.http_url) : "–"),
         )),

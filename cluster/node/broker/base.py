@@ -19,12 +19,15 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import aiohttp
+
 from chronomq.cluster.config.nodeconfig import NodeConfig, Peer
 from chronomq.cluster.node.errors import ApiError
 from chronomq.cluster.node.metrics import DeliveryLateness
 from chronomq.cluster.node.peerhttp import PeerHttp
 from chronomq.cluster.node.pull import READ_THREADS, QueueWaiters
-from chronomq.raftlog.errors import ApplyRejected, Overloaded
+from chronomq.cluster.node.readfence import ReadFence
+from chronomq.raftlog.errors import ApplyRejected, NotLeader, Overloaded
 from chronomq.raftlog.node import RaftLog
 from chronomq.raftlog.removal import RemovalNotice
 from chronomq.raftlog.store import TOO_MANY_TOPICS, ApplyResult, BatchOutcome
@@ -75,6 +78,12 @@ class BrokerBase:
         self._history_logged_seq = 0
         self.peer_client = PeerHttp.for_node(config, self._member_urls)
         self.waiters = QueueWaiters(lambda t, q: self.raftlog.store.max_offset(t, q))
+        # Follower reads that see every acknowledged write (cluster.node.readfence).
+        self.read_fence = ReadFence(
+            self._leader_commit_index,
+            self._applied_index,
+            config.follower_read_timeout_ms / 1000,
+        )
         self._pull_pool: ThreadPoolExecutor | None = None
         self.offloaded_pulls = 0
         # The HTTP connection guard (cluster.httpapi.httpconn), set by the app, for node_status.
@@ -171,6 +180,46 @@ class BrokerBase:
             self.waiters.applied(written)
         else:
             self.waiters.grown()
+
+    async def _leader_commit_index(self) -> int:
+        """The leader's commit index, asked now (``GET /v1/admin/read-index`` on the leader)."""
+        leader = self.leader_url()
+        if leader is None or leader == self.config.http_url:
+            raise ApiError(
+                503,
+                "no_leader",
+                "no leader is known, so this node cannot tell whether it holds every "
+                "acknowledged write; retry shortly",
+                None,
+                {"Retry-After": "1"},
+            )
+        async with self.peer_client.request(
+            "GET",
+            f"{leader}/v1/admin/read-index",
+            timeout=aiohttp.ClientTimeout(total=self.config.follower_read_timeout_ms / 1000),
+        ) as r:
+            data = await r.json(content_type=None)
+            if r.status != 200 or not isinstance(data, dict):
+                raise RuntimeError(f"the leader at {leader} answered {r.status}: {data}")
+            index = data.get("commit_index")
+            if not isinstance(index, int) or isinstance(index, bool):
+                raise RuntimeError(f"the leader at {leader} answered no commit_index: {data}")
+            return index
+
+    def _applied_index(self) -> int:
+        # The store's (set by each command it applies) or pysyncobj's (after every entry,
+        # membership changes too), whichever is further.
+        return max(self.raftlog.store.applied_index, self.raftlog.machine.raftLastApplied)
+
+    def read_index(self) -> dict[str, int]:
+        """On the leader: its commit index, for a follower's read (cluster.node.readfence).
+        Only while its lease holds: a leader that may have been replaced cannot vouch."""
+        if not self.raftlog.is_leader:
+            raise NotLeader("this node does not lead (with a lease)", self.raftlog.leader_address())
+        return {
+            "commit_index": int(self.raftlog.machine.raftCommitIndex),
+            "term": int(self.raftlog.machine.raftCurrentTerm),
+        }
 
     def peers(self) -> list[Peer]:
         """The other members: the config's, changed by members added or removed at runtime.

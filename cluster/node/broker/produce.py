@@ -10,7 +10,9 @@ from typing import Any
 
 from chronomq.cluster.node import idempotency
 from chronomq.cluster.node.broker.parse import Parsing, messages_in
+from chronomq.cluster.node.disk import disk_need
 from chronomq.raftlog import record
+from chronomq.raftlog.node import NewMessage
 from chronomq.schedule import properties as schedule_props
 from chronomq.schedule.levels import SCHEDULE_TOPIC
 
@@ -22,9 +24,25 @@ class Producing(Parsing):
 
     async def produce(self, topic: str, raw: Any, idempotency_key: str | None) -> dict[str, Any]:
         if self.disk is not None:
-            self.disk.check_produce()  # 507 disk_full before anything is proposed
+            self.disk.check_produce()  # 507 disk_full before the request is even parsed
         raw = messages_in(raw)
         messages, extras, store_ms = self.parse_messages(topic, raw)
+        if self.disk is None:
+            return await self._produce(topic, raw, idempotency_key, messages, extras, store_ms)
+        # What these messages will take on every member's disk is held until they are
+        # written: 507 disk_full when a majority would not keep its reserve (cluster.node.disk).
+        with self.disk.admit(disk_need(messages)):
+            return await self._produce(topic, raw, idempotency_key, messages, extras, store_ms)
+
+    async def _produce(
+        self,
+        topic: str,
+        raw: Any,
+        idempotency_key: str | None,
+        messages: list[NewMessage],
+        extras: list[dict[str, Any]],
+        store_ms: int,
+    ) -> dict[str, Any]:
         # A client's key is scoped to the topic: the same key sent to another topic is another
         # request, not a replay of the first one's placement. Within the topic it is bound to
         # its request's fingerprint (see cluster.node.idempotency).

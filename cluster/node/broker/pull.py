@@ -27,6 +27,8 @@ class Pulling(BrokerBase):
         wait_ms: int,
         gone: asyncio.Future[None] | None = None,
         prev: str | None = None,
+        *,
+        fenced: bool = False,
     ) -> tuple[PullPage, int]:
         """A page of at most ``max_pull_bytes`` (at least one message) and the queue's end.
 
@@ -35,9 +37,17 @@ class Pulling(BrokerBase):
         consumer read at ``offset - 1``) it first checks that the log still holds that message
         there (see :meth:`check_prev`); when this node could not tell then, it checks again
         before answering with messages, which it holds only once it holds ``offset - 1``.
+
+        On a follower the answer holds every write acknowledged before the call: a topic it
+        does not know or an offset at its queue's end is first checked against the leader's
+        commit index (:meth:`ensure_queue`, :meth:`fence_read`; ``fenced``: the caller did).
         """
         store = self.raftlog.store
-        self.check_queue(topic, queue)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000
+        await self.ensure_queue(topic, queue, deadline, gone)
+        if not fenced:
+            await self.fence_read(topic, queue, offset)
         unsure = prev is not None and not await self.check_prev(topic, queue, offset, prev)
 
         async def checked(page: PullPage) -> PullPage:
@@ -45,8 +55,6 @@ class Pulling(BrokerBase):
                 await self.check_prev(topic, queue, offset, prev)
             return page
 
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_ms / 1000
         while True:
             left = deadline - loop.time()
             if left <= 0 or (gone is not None and gone.done()):
@@ -66,6 +74,56 @@ class Pulling(BrokerBase):
                 self.waiters.release(topic, queue)
             if gone is not None and gone.done():
                 return PullPage((), max(offset, 0)), store.max_offset(topic, queue)
+
+    def _has_queue(self, topic: str, queue: int) -> bool:
+        n = self.raftlog.store.queue_count(topic)
+        return n is not None and queue < n
+
+    async def ensure_queue(
+        self,
+        topic: str,
+        queue: int,
+        deadline: float = 0.0,
+        gone: asyncio.Future[None] | None = None,
+    ) -> None:
+        """404 naming ``topic`` or ``queue`` unless the topic has that queue, as
+        :meth:`check_queue`, but a follower first learns whether a write acknowledged before
+        now created it (:class:`~chronomq.cluster.node.readfence.ReadFence`), and a long poll
+        (``deadline``, the event loop's time) waits for it to appear until then."""
+        if self._has_queue(topic, queue):
+            return
+        if not self.raftlog.is_leader:
+            await self.read_fence.wait()
+        loop = asyncio.get_running_loop()
+        while not self._has_queue(topic, queue):
+            left = deadline - loop.time()
+            if left <= 0 or (gone is not None and gone.done()):
+                break
+            # Woken when a message lands in the queue (its end moves past 0).
+            woken = self.waiters.register(topic, queue, 0)
+            try:
+                if self._has_queue(topic, queue):
+                    break
+                await asyncio.wait(
+                    [woken] if gone is None else [woken, gone],
+                    timeout=left,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                self.waiters.release(topic, queue)
+        self.check_queue(topic, queue)
+
+    async def ensure_topic(self, topic: str) -> None:
+        """On a follower that does not know ``topic``: wait until it holds every write
+        acknowledged before now, so that a 404 after it is true."""
+        if self.raftlog.store.queue_count(topic) is None and not self.raftlog.is_leader:
+            await self.read_fence.wait()
+
+    async def fence_read(self, topic: str, queue: int, offset: int) -> None:
+        """On a follower asked for ``offset`` at or past its queue's end: wait until it holds
+        every write acknowledged before now (the write may have put a message there)."""
+        if not self.raftlog.is_leader and offset >= self.raftlog.store.max_offset(topic, queue):
+            await self.read_fence.wait()
 
     async def check_prev(self, topic: str, queue: int, offset: int, prev: str) -> bool:
         """409 ``offset_diverged`` when the message at ``offset - 1`` is not ``prev``; False

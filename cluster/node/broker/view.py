@@ -20,7 +20,9 @@ class ClusterView(Members):
 
     def node_status(self) -> dict[str, Any]:
         st = self.raftlog.status()
-        leader_addr = st.get("leader")
+        # Never this node while it is not a confirmed leader (a leader that stepped down).
+        leader_addr = self.raftlog.leader_address()
+        readiness = self.raftlog.readiness()
         return {
             "id": int(self.config.node_id),
             "role": "leader"
@@ -37,10 +39,14 @@ class ClusterView(Members):
             "slow_ticks": st["slow_ticks"],
             "max_tick_ms": st["max_tick_ms"],
             "has_quorum": st["has_quorum"],
+            "ready": readiness.ready,
+            "ready_reason": readiness.reason,
             "digest": st["digest"],
             "match_index": st["match_index"],
             "peers_connected": st["peers_connected"],
             "version": VERSION,
+            "wire_version": self.raftlog.machine.wire_version,
+            "peer_versions": st["peer_versions"],
             "uptime_s": round(time.monotonic() - self.started_monotonic, 1),
             "queued_messages": st["queued_messages"],
             "inflight_commands": st["inflight_commands"],
@@ -72,11 +78,18 @@ class ClusterView(Members):
     async def cluster_view(self) -> dict[str, Any]:
         peers = self.peers()
         remote = await asyncio.gather(*(self.peer_status(p.http) for p in peers))
-        nodes = [self.node_status()]
+        me = self.node_status()
+        nodes = [me]
         for p, st in zip(peers, remote, strict=True):
-            nodes.append(
-                st or {"id": p.id, "role": "unknown", "http_url": p.http, "reachable": False}
-            )
+            if st is None:
+                st = {"id": p.id, "role": "unknown", "http_url": p.http, "reachable": False}
+                # What its Raft hello said, when it reached this node (an HTTP port down, or
+                # a node of another version).
+                heard = me["peer_versions"].get(p.raft)
+                if heard is not None:
+                    st["version"] = heard["version"]
+                    st["wire_version"] = heard["wire_version"]
+            nodes.append(st)
         nodes.sort(key=lambda n: n["id"])
         reachable = [n for n in nodes if n.get("reachable")]
         leaders = [n["id"] for n in reachable if n.get("role") == "leader"]
