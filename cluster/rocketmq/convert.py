@@ -37,6 +37,9 @@ UNIQ_KEY: Final = "UNIQ_KEY"
 """The property holding the client's message id (RocketMQ's ``PROPERTY_UNIQ_CLIENT_MESSAGE_ID``)."""
 DELAY_PROPERTY: Final = "DELAY"
 """The 4.x delay level property a client may still set."""
+MAX_TIMESTAMP_SECONDS: Final = 253_402_300_799
+"""9999-12-31T23:59:59Z: the last second a protobuf ``Timestamp`` may hold (its definition
+says so); in ms it fits every integer the node writes or forwards."""
 MAX_MESSAGE_ID_CHARS: Final = 128
 IDEMPOTENCY_PREFIX: Final = "rmq5:"
 RECALL_PREFIX: Final = "c1."
@@ -132,15 +135,11 @@ def _message(m: Any, i: int, max_message_bytes: int) -> tuple[dict[str, Any], st
                 "give delivery_timestamp or the DELAY property, not both",
                 f"{f}.user_properties.{DELAY_PROPERTY}",
             )
-        ts = sp.delivery_timestamp
-        if ts.seconds < 0 or not 0 <= ts.nanos < 1_000_000_000:
-            raise ApiError(
-                400,
-                "invalid_deliver_time",
-                "delivery_timestamp must be a time after the epoch",
-                f"{f}.system_properties.delivery_timestamp",
-            )
-        out["deliver_at_ms"] = ts.seconds * 1000 + ts.nanos // 1_000_000
+        out["deliver_at_ms"] = timestamp_ms(
+            sp.delivery_timestamp,
+            f"{f}.system_properties.delivery_timestamp",
+            "invalid_deliver_time",
+        )
     elif level is not None:
         if not (level.isascii() and level.isdigit()) or len(level) > 9:
             raise ApiError(
@@ -151,6 +150,20 @@ def _message(m: Any, i: int, max_message_bytes: int) -> tuple[dict[str, Any], st
             )
         out["delay_level"] = int(level)
     return out, client_id
+
+
+def timestamp_ms(ts: Any, field: str, code: str = "invalid_input") -> int:
+    """A protobuf ``Timestamp`` in ms since the epoch; 400 ``code`` naming ``field`` when it
+    lies before the epoch or beyond what a ``Timestamp`` may hold (checked here, before the
+    value is forwarded as JSON or compared with anything)."""
+    if not 0 <= ts.seconds <= MAX_TIMESTAMP_SECONDS or not 0 <= ts.nanos < 1_000_000_000:
+        raise ApiError(
+            400,
+            code,
+            f"{field.rsplit('.', 1)[-1]} must be a time from the epoch to the year 9999",
+            field,
+        )
+    return int(ts.seconds) * 1000 + int(ts.nanos) // 1_000_000
 
 
 def produce_request(req: spb.SendMessageRequest, max_message_bytes: int) -> ProduceRequest:
