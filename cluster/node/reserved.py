@@ -22,6 +22,10 @@ from chronomq.schedule.levels import SCHEDULE_TOPIC
 from chronomq.timer import logtopic as timer_logtopic
 from chronomq.timer import message as timer_message
 
+UNIQ_KEY: Final = "UNIQ_KEY"
+"""The property holding a message's client-made id (RocketMQ's ``PROPERTY_UNIQ_CLIENT_MESSAGE_ID``),
+which RocketMQ consumers see as the message id: set from a produce's ``message_id`` only."""
+
 SYSTEM_TOPIC_PREFIX: Final = "rmq_sys_"
 """RocketMQ's prefix for system topics; the timer's topic is one of them."""
 
@@ -36,10 +40,12 @@ RESERVED_PROPERTIES: Final = frozenset(
         schedule_props.MAX_RECONSUME_TIMES,
         record.PROPERTY_KEYS,
         record.PROPERTY_TAGS,
+        UNIQ_KEY,
         *timer_message.RESERVED,
     }
 )
-"""Property names set by the broker itself (``keys`` and ``tags`` have fields of their own)."""
+"""Property names set by the broker itself (``keys``, ``tags`` and ``message_id`` have fields of
+their own)."""
 
 RESERVED_PROPERTY_PREFIXES: Final = ("TIMER_",)
 """Every ``TIMER_*`` name belongs to the timer, also those it may read in a later version."""

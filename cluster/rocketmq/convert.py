@@ -6,9 +6,11 @@ it takes the same path: the same validation, group commit, ops logs and idempote
 - ``body`` (``body_encoding`` IDENTITY, or GZIP inflated up to ``max_message_bytes``) ->
   ``body_base64``; ``tag`` -> ``tags``; ``keys`` -> ``keys``; ``user_properties`` ->
   ``properties``;
-- ``system_properties.message_id`` (the client's id, kept across its own retries) -> the
-  ``UNIQ_KEY`` property (RocketMQ's name for it), and the request's idempotency key, so a send
-  retried on another node after a failover is stored once;
+- ``system_properties.message_id`` (the client's id, kept across its own retries) ->
+  ``message_id``, stored as the ``UNIQ_KEY`` property (RocketMQ's name for it), and the
+  request's idempotency key, so a send retried on another node after a failover is stored once
+  and no other send to the topic takes the id within the idempotency window (a client cannot
+  set ``UNIQ_KEY`` as a user property);
 - ``system_properties.delivery_timestamp`` -> ``deliver_at_ms`` (our timer);
 - the 4.x ``DELAY`` user property (a delay level) -> ``delay_level``;
 - ``message_group`` (FIFO), transactions, lite topics and priorities are refused with
@@ -21,7 +23,6 @@ retry fingerprints the same as its first attempt (:mod:`chronomq.cluster.node.id
 from __future__ import annotations
 
 import base64
-import hashlib
 import re
 import zlib
 from dataclasses import dataclass
@@ -30,10 +31,12 @@ from typing import Any, Final
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
+from chronomq.cluster.node import reserved
 from chronomq.cluster.node.errors import ApiError, bad_request
+from chronomq.cluster.node.idempotency import MESSAGE_ID_KEY_PREFIX
 from chronomq.raftlog import record
 
-UNIQ_KEY: Final = "UNIQ_KEY"
+UNIQ_KEY: Final = reserved.UNIQ_KEY
 """The property holding the client's message id (RocketMQ's ``PROPERTY_UNIQ_CLIENT_MESSAGE_ID``)."""
 DELAY_PROPERTY: Final = "DELAY"
 """The 4.x delay level property a client may still set."""
@@ -41,7 +44,7 @@ MAX_TIMESTAMP_SECONDS: Final = 253_402_300_799
 """9999-12-31T23:59:59Z: the last second a protobuf ``Timestamp`` may hold (its definition
 says so); in ms it fits every integer the node writes or forwards."""
 MAX_MESSAGE_ID_CHARS: Final = 128
-IDEMPOTENCY_PREFIX: Final = "rmq5:"
+IDEMPOTENCY_PREFIX: Final = MESSAGE_ID_KEY_PREFIX
 RECALL_PREFIX: Final = "c1."
 _ID_RE: Final = re.compile(r"[0-9A-Za-z_\-]{1,128}")
 _HEX_RE: Final = re.compile(r"[0-9a-fA-F]{32}")
@@ -122,7 +125,7 @@ def _message(m: Any, i: int, max_message_bytes: int) -> tuple[dict[str, Any], st
                 f"message_id must be 1 to {MAX_MESSAGE_ID_CHARS} letters, digits, _ or -",
                 f"{f}.system_properties.message_id",
             )
-        props[UNIQ_KEY] = client_id
+        out["message_id"] = client_id
     if props:
         out["properties"] = props
     if sp.tag:
@@ -188,14 +191,12 @@ def produce_request(req: spb.SendMessageRequest, max_message_bytes: int) -> Prod
 
 
 def idempotency_key(client_ids: list[str]) -> str | None:
-    """The request's ``Idempotency-Key``: the client's message id (or a digest of the ids of a
-    batch); None when a message came without one."""
-    if not client_ids or not all(client_ids):
+    """The request's ``Idempotency-Key``: the client's message id. None for a message without
+    one, and for a batch (which the broker refuses when its messages carry ids: each id is
+    its own message's key, see :func:`chronomq.cluster.node.idempotency.message_id_key`)."""
+    if len(client_ids) != 1 or not client_ids[0]:
         return None
-    if len(client_ids) == 1:
-        return IDEMPOTENCY_PREFIX + client_ids[0]
-    digest = hashlib.blake2b("\n".join(client_ids).encode(), digest_size=20).hexdigest()
-    return f"{IDEMPOTENCY_PREFIX}batch:{digest}"
+    return IDEMPOTENCY_PREFIX + client_ids[0]
 
 
 # ---------------------------------------------------------------------- recall handles

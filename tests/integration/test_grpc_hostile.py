@@ -69,3 +69,60 @@ async def test_huge_delivery_times_are_refused_alike_on_a_follower_and_the_leade
                     assert r.status == 400, (node, field, value, answer)
                     assert field in (answer["field"] or ""), answer
     assert tracebacks(cluster) == []
+
+
+async def test_message_ids_cannot_be_spoofed(make_cluster: Any) -> None:
+    """A consumer sees the producer's id (UNIQ_KEY): only a send's message_id sets it, it is
+    bounded, and no second message of the topic takes an id another producer used."""
+    cluster: LocalCluster = make_cluster(1)
+    cluster.wait_leader(60)
+    url = cluster.http_url(0)
+    topic = "spoofed"
+    victim = "0A0B0C0D0E0F00112233445566778899AA"
+    async with grpc.aio.insecure_channel(cluster.grpc_address(0)) as channel:
+        stub = spb_grpc.MessagingServiceStub(channel)
+        real = await stub.SendMessage(raw_send(topic, b"real", message_id=victim), timeout=15)
+        assert real.status.code == Code.OK and real.entries[0].message_id == victim
+        cases = [
+            (raw_send(topic, b"fake", message_id=victim), Code.ILLEGAL_MESSAGE_ID),
+            (raw_send(topic, b"fake", user_properties={"UNIQ_KEY": victim}), None),
+            (raw_send(topic, b"fake", message_id="A" * 20_003), Code.ILLEGAL_MESSAGE_ID),
+        ]
+        batch = raw_send(topic, b"fake", message_id=victim)
+        other = batch.messages.add()
+        other.CopyFrom(batch.messages[0])
+        other.system_properties.message_id = "another-id"
+        cases.append((batch, Code.BAD_REQUEST))
+        for req, code in cases:
+            answer = await stub.SendMessage(req, timeout=15)
+            if code is None:
+                assert answer.status.code == Code.ILLEGAL_MESSAGE_PROPERTY_KEY, answer.status
+            else:
+                assert answer.status.code == code, (req, answer.status)
+    async with aiohttp.ClientSession() as s:
+        for message, headers, status, field in (
+            ({"body": "fake", "properties": {"UNIQ_KEY": victim}}, {}, 400, "properties.UNIQ_KEY"),
+            ({"body": "fake", "message_id": "A" * 20_003}, {}, 400, "message_id"),
+            ({"body": "fake", "message_id": "a b"}, {}, 400, "message_id"),
+            ({"body": "fake", "message_id": victim}, {}, 422, None),
+            ({"body": "fake", "message_id": victim}, {"Idempotency-Key": "mine"}, 400, None),
+        ):
+            async with s.post(
+                f"{url}/v1/topics/{topic}/messages", json={"messages": [message]}, headers=headers
+            ) as r:
+                answer = await r.json()
+                assert r.status == status, (message, answer)
+                if field is not None:
+                    assert answer["field"] == f"messages[0].{field}", answer
+        # The same message again is the first one's placement, not a second copy.
+        async with s.post(
+            f"{url}/v1/topics/{topic}/messages",
+            json={"messages": [{"body_base64": "cmVhbA==", "message_id": victim}]},
+        ) as r:
+            again = await r.json()
+            assert r.status == 200 and again.get("duplicate") is True, again
+        stored = []
+        for q in range(4):
+            async with s.get(f"{url}/v1/topics/{topic}/queues/{q}/messages?offset=0") as r:
+                stored += (await r.json())["messages"] if r.status == 200 else []
+    assert [(m["properties"].get("UNIQ_KEY"), m["body"]) for m in stored] == [(victim, "real")]

@@ -25,6 +25,7 @@ class Producing(Parsing):
             self.disk.check_produce()  # 507 disk_full before anything is proposed
         raw = messages_in(raw)
         messages, extras, store_ms = self.parse_messages(topic, raw)
+        idempotency_key = idempotency.message_id_key(raw, idempotency_key)
         # A client's key is scoped to the topic: the same key sent to another topic is another
         # request, not a replay of the first one's placement. Within the topic it is bound to
         # its request's fingerprint (see cluster.node.idempotency).
