@@ -23,6 +23,8 @@ retry fingerprints the same as its first attempt (:mod:`chronomq.cluster.node.id
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import re
 import zlib
 from dataclasses import dataclass
@@ -45,7 +47,10 @@ MAX_TIMESTAMP_SECONDS: Final = 253_402_300_799
 says so); in ms it fits every integer the node writes or forwards."""
 MAX_MESSAGE_ID_CHARS: Final = 128
 IDEMPOTENCY_PREFIX: Final = MESSAGE_ID_KEY_PREFIX
-RECALL_PREFIX: Final = "c1."
+RECALL_PREFIX: Final = "c2."
+_RECALL_KEY_LABEL: Final = b"chronomq/recall-handle/v2"
+_RECALL_TAG_BYTES: Final = 16
+_TAG_RE: Final = re.compile(r"[0-9a-f]{32}")
 _ID_RE: Final = re.compile(r"[0-9A-Za-z_\-]{1,128}")
 _HEX_RE: Final = re.compile(r"[0-9a-fA-F]{32}")
 _SUPPORTED_TYPES: Final = frozenset(
@@ -202,16 +207,48 @@ def idempotency_key(client_ids: list[str]) -> str | None:
 # ---------------------------------------------------------------------- recall handles
 
 
-def recall_handle(timer_msg_id_hex: str, client_id: str) -> str:
-    """The handle a timer message's send receipt carries: our timer id and the client's id."""
-    return f"{RECALL_PREFIX}{timer_msg_id_hex}.{client_id}"
+class RecallHandles:
+    """Recall handles: ``c2.<timer msg id>.<client message id>.<tag>``, where the tag is the
+    first 16 bytes (hex) of HMAC-SHA256(key, id, topic, client id) and ``key`` is
+    HMAC-SHA256(cluster secret, ``"chronomq/recall-handle/v2"``). Any node of the cluster
+    checks a handle any other made; a handle is good only for the topic it was sent to, and
+    no one without the secret can make one for a message id they learnt."""
 
+    __slots__ = ("_key",)
 
-def parse_recall_handle(handle: str) -> tuple[str, str]:
-    """``(timer msg id hex, client message id)``; 400 ``invalid_input`` naming recall_handle."""
-    if not handle.startswith(RECALL_PREFIX) or len(handle) > 200:
-        raise bad_request("not a recall handle this cluster issued", "recall_handle")
-    hex_id, _, client_id = handle[len(RECALL_PREFIX) :].partition(".")
-    if not _HEX_RE.fullmatch(hex_id) or (client_id and not _ID_RE.fullmatch(client_id)):
-        raise bad_request("not a recall handle this cluster issued", "recall_handle")
-    return hex_id.upper(), client_id
+    def __init__(self, secret: bytes) -> None:
+        if not secret:
+            raise ValueError("recall handles need a non-empty secret")
+        self._key = hmac.new(secret, _RECALL_KEY_LABEL, hashlib.sha256).digest()
+
+    def _tag(self, hex_id: str, topic: str, client_id: str) -> str:
+        text = "\0".join((hex_id, topic, client_id)).encode("utf-8", "surrogatepass")
+        return hmac.new(self._key, text, hashlib.sha256).digest()[:_RECALL_TAG_BYTES].hex()
+
+    def make(self, timer_msg_id_hex: str, topic: str, client_id: str) -> str:
+        """The handle a timer message's send receipt carries."""
+        hex_id = timer_msg_id_hex.upper()
+        return f"{RECALL_PREFIX}{hex_id}.{client_id}.{self._tag(hex_id, topic, client_id)}"
+
+    def parse(self, handle: str, topic: str) -> tuple[str, str]:
+        """``(timer msg id hex, client message id)`` of a handle this cluster made for
+        ``topic``; 400 ``invalid_input`` naming recall_handle otherwise."""
+        refused = bad_request(
+            f"not a recall handle this cluster issued for topic {topic}", "recall_handle"
+        )
+        if not handle.startswith(RECALL_PREFIX) or len(handle) > 250:
+            raise refused
+        parts = handle[len(RECALL_PREFIX) :].split(".")
+        if len(parts) != 3:
+            raise refused
+        hex_id, client_id, tag = parts
+        if (
+            not _HEX_RE.fullmatch(hex_id)
+            or (client_id and not _ID_RE.fullmatch(client_id))
+            or not _TAG_RE.fullmatch(tag)
+        ):
+            raise refused
+        hex_id = hex_id.upper()
+        if not hmac.compare_digest(tag, self._tag(hex_id, topic, client_id)):
+            raise refused
+        return hex_id, client_id

@@ -21,6 +21,7 @@ received. The ``message_id`` a consumer sees is the stored ``UNIQ_KEY`` property
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import urllib.parse
 from collections.abc import AsyncIterator
@@ -46,6 +47,13 @@ five minutes)."""
 
 class MessagingService(ConsumeRpcs, OffsetRpcs, ServicerBase, spb_grpc.MessagingServiceServicer):
     """``apache.rocketmq.v2.MessagingService`` on one node."""
+
+    @functools.cached_property
+    def _recalls(self) -> convert.RecallHandles:
+        # Keyed as receipt handles are: a cluster without a secret (loopback only) signs with
+        # a fixed key, and its handles are then as good as its open API.
+        secret = self._config.cluster_secret_bytes or b"chronomq/no-cluster-secret"
+        return convert.RecallHandles(secret)
 
     # ------------------------------------------------------------------ routing and session
 
@@ -125,14 +133,14 @@ class MessagingService(ConsumeRpcs, OffsetRpcs, ServicerBase, spb_grpc.Messaging
                 status=make_status(), message_id=client_id or msg_id, offset=int(res["offset"])
             )
             if "deliver_at_ms" in raw:
-                entry.recall_handle = convert.recall_handle(msg_id, client_id)
+                entry.recall_handle = self._recalls.make(msg_id, produce.topic, client_id)
             entries.append(entry)
         return spb.SendMessageResponse(status=make_status(), entries=entries)
 
     @rpc(spb.RecallMessageResponse)
     async def RecallMessage(self, request: Any, context: Any) -> Any:
         record.validate_topic(request.topic.name, "topic")
-        hex_id, client_id = convert.parse_recall_handle(request.recall_handle)
+        hex_id, client_id = self._recalls.parse(request.recall_handle, request.topic.name)
         broker = self.broker
 
         async def local() -> dict[str, Any]:

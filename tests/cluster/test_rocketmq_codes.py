@@ -218,11 +218,29 @@ def test_batch_key_and_mixed_topics() -> None:
 
 
 def test_recall_handle_round_trip() -> None:
-    h = convert.recall_handle("01A210D02858778E67DBBD0A351432AB", "0102FC")
-    assert convert.parse_recall_handle(h) == ("01A210D02858778E67DBBD0A351432AB", "0102FC")
-    for bad in ("", "c1.xyz.1", "01A210D02858778E67DBBD0A351432AB", "c1." + "A" * 300):
-        with pytest.raises(ApiError):
-            convert.parse_recall_handle(bad)
+    handles = convert.RecallHandles(b"cluster-secret-0123456789")
+    timer_id = "01A210D02858778E67DBBD0A351432AB"
+    h = handles.make(timer_id, "orders", "0102FC")
+    assert handles.parse(h, "orders") == (timer_id, "0102FC")
+    assert handles.parse(handles.make(timer_id, "orders", ""), "orders") == (timer_id, "")
+    other_cluster = convert.RecallHandles(b"another-secret-0123456789")
+    forged = [
+        "",
+        "c1.xyz.1",
+        timer_id,
+        f"c1.{timer_id}.0102FC",  # the old, unsigned form
+        "c2." + "A" * 300,
+        h.replace(timer_id, "01A210D02858778E67DBBD0A351432AC"),  # another timer
+        h.replace(".0102FC.", ".0102FD."),
+        h[:-1] + ("0" if h[-1] != "0" else "1"),
+        other_cluster.make(timer_id, "orders", "0102FC"),
+    ]
+    for bad in forged:
+        with pytest.raises(ApiError) as info:
+            handles.parse(bad, "orders")
+        assert info.value.field == "recall_handle"
+    with pytest.raises(ApiError):
+        handles.parse(h, "payments")  # good, but for another topic
 
 
 # ---------------------------------------------------------------------- credentials

@@ -3,6 +3,7 @@ spoofed message ids, forged recall handles, RocketMQ's own system topics."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import aiohttp
@@ -126,3 +127,39 @@ async def test_message_ids_cannot_be_spoofed(make_cluster: Any) -> None:
             async with s.get(f"{url}/v1/topics/{topic}/queues/{q}/messages?offset=0") as r:
                 stored += (await r.json())["messages"] if r.status == 200 else []
     assert [(m["properties"].get("UNIQ_KEY"), m["body"]) for m in stored] == [(victim, "real")]
+
+
+async def test_recall_handles_are_signed_and_bound_to_their_topic(make_cluster: Any) -> None:
+    cluster: LocalCluster = make_cluster(1)
+    cluster.wait_leader(60)
+    url = cluster.http_url(0)
+    later_s = int(time.time()) + 3600
+
+    def timer(message_id: str) -> spb.SendMessageRequest:
+        req = raw_send("recalled", b"due later", message_id=message_id)
+        req.messages[0].system_properties.delivery_timestamp.seconds = later_s
+        return req
+
+    def recall(topic: str, handle: str) -> spb.RecallMessageRequest:
+        return spb.RecallMessageRequest(topic=pb.Resource(name=topic), recall_handle=handle)
+
+    async with grpc.aio.insecure_channel(cluster.grpc_address(0)) as channel:
+        stub = spb_grpc.MessagingServiceStub(channel)
+        sent = await stub.SendMessage(timer("victim-1"), timeout=15)
+        assert sent.status.code == Code.OK, sent.status
+        handle = sent.entries[0].recall_handle
+        timer_id = handle.split(".")[1]
+        # Made up from the message id alone (the old, unsigned form), or with a changed part,
+        # or for another topic: refused, and the timer still waits.
+        for topic, forged in (
+            ("recalled", f"c1.{timer_id}.victim-1"),
+            ("recalled", f"c1.{timer_id}."),
+            ("recalled", handle.replace("victim-1", "victim-2")),
+            ("other", handle),
+        ):
+            answer = await stub.RecallMessage(recall(topic, forged), timeout=15)
+            assert answer.status.code == Code.BAD_REQUEST, (forged, answer.status)
+        async with aiohttp.ClientSession() as s, s.get(f"{url}/v1/messages/{timer_id}") as r:
+            assert (await r.json())["status"] == "waiting"
+        answer = await stub.RecallMessage(recall("recalled", handle), timeout=15)
+        assert answer.status.code == Code.OK and answer.message_id == "victim-1", answer.status
