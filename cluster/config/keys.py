@@ -455,6 +455,25 @@ KEYS: tuple[Key, ...] = (
         "File holding auth_token (one line; must not be readable by group or others).",
     ),
     Key(
+        "access_key",
+        str,
+        "",
+        "The access key RocketMQ 5 clients give with auth_token as their secret key "
+        "(`Credentials(access_key, token)`): when set, a signed gRPC call must name it. Empty "
+        "accepts any access key (the token alone proves the caller).",
+    ),
+    Key(
+        "grpc_signature_window_s",
+        int,
+        900,
+        "How far a signed gRPC call's x-mq-date-time may lie from the node's clock, in seconds, "
+        "either way, as RocketMQ's ACL allows (15 minutes): a captured signature stops working "
+        "after it. The official clients write their local time with a Z, so a client clock in "
+        "another time zone than UTC and the node's needs a window that covers the difference.",
+        min=1,
+        max=172_800,
+    ),
+    Key(
         "cluster_secret",
         str,
         "",

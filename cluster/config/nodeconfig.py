@@ -244,6 +244,8 @@ class NodeConfig:
     # Security.
     auth_token: str
     auth_token_file: str
+    access_key: str
+    grpc_signature_window_s: int
     cluster_secret: str
     cluster_secret_file: str
     allow_insecure: bool

@@ -3,6 +3,7 @@ send requests as produce requests, recall handles, credentials, routes and setti
 
 from __future__ import annotations
 
+import calendar
 import gzip
 import hashlib
 import hmac
@@ -246,24 +247,68 @@ def test_recall_handle_round_trip() -> None:
 # ---------------------------------------------------------------------- credentials
 
 
-def test_bearer_and_client_signature() -> None:
-    token = b"s3cret-token"
-    assert credentials.call_is_authorized(None, b"")
-    assert credentials.call_is_authorized((("authorization", "Bearer s3cret-token"),), token)
-    assert not credentials.call_is_authorized((("authorization", "Bearer nope"),), token)
-    assert not credentials.call_is_authorized((), token)
-    date = "20261125T034500Z"
+TOKEN = b"s3cret-token"
+SIGNED_AT = "20261125T034500Z"
+SIGNED_AT_S = calendar.timegm((2026, 11, 25, 3, 45, 0, 0, 0, 0))
+UTC_NODE = credentials.Clock(SIGNED_AT_S + 5, 0)
+
+
+def signed(
+    date: str = SIGNED_AT, access_key: str = "ak", token: bytes = TOKEN, extra: str = ""
+) -> list[tuple[str, str]]:
     sig = hmac.new(token, date.encode(), hashlib.sha1).hexdigest()
-    md = (
-        ("x-mq-date-time", date),
-        (
-            "authorization",
-            f"MQv2-HMAC-SHA1 Credential=ak, SignedHeaders=x-mq-date-time, Signature={sig}",
-        ),
+    auth = f"MQv2-HMAC-SHA1 Credential={access_key}, SignedHeaders=x-mq-date-time{extra}, "
+    return [("x-mq-date-time", date), ("authorization", auth + f"Signature={sig}")]
+
+
+def authorized(md: Any, clock: credentials.Clock = UTC_NODE, **creds: Any) -> bool:
+    return credentials.call_is_authorized(md, credentials.GrpcCredentials(TOKEN, **creds), clock)
+
+
+def test_bearer_and_client_signature() -> None:
+    assert credentials.call_is_authorized(None, credentials.GrpcCredentials(b""), UTC_NODE)
+    assert authorized((("authorization", "Bearer s3cret-token"),))
+    assert not authorized((("authorization", "Bearer nope"),))
+    assert not authorized(())
+    md = signed()
+    assert authorized(md)
+    assert not credentials.call_is_authorized(
+        md, credentials.GrpcCredentials(b"another-token"), UTC_NODE
     )
-    assert credentials.call_is_authorized(md, token)
-    assert not credentials.call_is_authorized(md, b"another-token")
-    assert not credentials.call_is_authorized(md[1:], token)  # no date: nothing was signed
+    assert not authorized(md[1:])  # no date: nothing was signed
+
+
+def test_a_signature_expires_with_its_window() -> None:
+    md = signed()
+    for skew_s in (0, 899, -899):
+        assert authorized(md, credentials.Clock(SIGNED_AT_S + skew_s, 0)), skew_s
+    for skew_s in (901, -901, 86_400 * 365):
+        assert not authorized(md, credentials.Clock(SIGNED_AT_S + skew_s, 0)), skew_s
+    assert authorized(md, credentials.Clock(SIGNED_AT_S + 3000, 0), window_s=3600)
+    # A client in the node's time zone (UTC+2) writes its local time with a Z.
+    assert authorized(md, credentials.Clock(SIGNED_AT_S - 7200, 7200))
+    assert not authorized(md, credentials.Clock(SIGNED_AT_S - 7200, 3600))
+    assert not authorized(signed(date="2026-11-25 03:45:00"))
+    assert not authorized(signed(date="99991325T034500Z"))
+
+
+def test_a_signature_names_the_configured_access_key() -> None:
+    assert authorized(signed(access_key="anyone"))  # none configured
+    assert authorized(signed(access_key="chronomq"), access_key="chronomq")
+    assert not authorized(signed(access_key="anyone"), access_key="chronomq")
+
+
+def test_repeated_or_odd_entries_are_refused() -> None:
+    md = signed()
+    assert not authorized(md + [("authorization", "Bearer s3cret-token")])
+    assert not authorized([("authorization", "Bearer s3cret-token")] * 2)
+    assert not authorized(md + [("x-mq-date-time", "20261125T034501Z")])
+    sig = md[1][1].rsplit("Signature=", 1)[1]
+    assert not authorized(signed(extra=f", Signature={sig}"))
+    assert not authorized(signed(extra=", Credential=ak"))
+    twice = md[1][1].replace("SignedHeaders=x-mq-date-time", "SignedHeaders=x-mq-date-time;host")
+    assert not authorized([md[0], ("authorization", twice)])
+    assert not authorized([md[0], ("authorization", md[1][1] + ", Extra=1")])
 
 
 # ---------------------------------------------------------------------- routes and settings

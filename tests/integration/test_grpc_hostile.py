@@ -3,18 +3,22 @@ spoofed message ids, forged recall handles, RocketMQ's own system topics."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import hmac
 import time
 from typing import Any
 
 import aiohttp
 import grpc
 import pytest
+from rocketmq import ClientConfiguration, Credentials, Producer
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol import service_pb2_grpc as spb_grpc
 
 from chronomq.cluster.process.launcher import LocalCluster
-from tests.integration.test_grpc import raw_send
+from tests.integration.test_grpc import message, raw_send
 
 pytestmark = pytest.mark.integration
 
@@ -163,3 +167,64 @@ async def test_recall_handles_are_signed_and_bound_to_their_topic(make_cluster: 
             assert (await r.json())["status"] == "waiting"
         answer = await stub.RecallMessage(recall("recalled", handle), timeout=15)
         assert answer.status.code == Code.OK and answer.message_id == "victim-1", answer.status
+
+
+TOKEN = "grpc-hostile-token-0123456789"
+ACCESS_KEY = "chronomq-ak"
+
+
+def signature(date: str, access_key: str = ACCESS_KEY) -> tuple[tuple[str, str], ...]:
+    sig = hmac.new(TOKEN.encode(), date.encode(), hashlib.sha1).hexdigest()
+    return (
+        ("x-mq-date-time", date),
+        (
+            "authorization",
+            f"MQv2-HMAC-SHA1 Credential={access_key}, SignedHeaders=x-mq-date-time, "
+            f"Signature={sig}",
+        ),
+    )
+
+
+def rocketmq_date(at_s: float) -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(at_s))
+
+
+async def test_a_signature_expires_names_the_access_key_and_comes_once(
+    make_cluster: Any,
+) -> None:
+    cluster: LocalCluster = make_cluster(1, auth_token=TOKEN, access_key=ACCESS_KEY)
+    cluster.wait_leader(60)
+    topic = "signed"
+    # The official client, with the configured credential, works unchanged.
+    config = ClientConfiguration(
+        cluster.grpc_endpoints, Credentials(ACCESS_KEY, TOKEN), request_timeout=10
+    )
+    producer = Producer(config, (topic,))
+    await asyncio.to_thread(producer.startup)
+    try:
+        receipt = await asyncio.to_thread(producer.send, message(topic, b"signed"))
+        assert receipt.message_id
+    finally:
+        await asyncio.to_thread(producer.shutdown)
+    route = spb.QueryRouteRequest(topic=pb.Resource(name=topic))
+    async with grpc.aio.insecure_channel(cluster.grpc_address(0)) as channel:
+        stub = spb_grpc.MessagingServiceStub(channel)
+        fresh = signature(rocketmq_date(time.time()))
+        answer = await stub.QueryRoute(route, metadata=fresh, timeout=10)
+        assert answer.status.code == Code.OK
+        refused = [
+            signature(rocketmq_date(time.time() - 20 * 60)),  # captured 20 minutes ago
+            signature(rocketmq_date(time.time() + 20 * 60)),
+            signature("20200101T000000Z"),
+            signature(rocketmq_date(time.time()), access_key="someone-else"),
+            fresh + (("authorization", f"Bearer {TOKEN}"),),
+            fresh + (("x-mq-date-time", rocketmq_date(time.time() - 3600)),),
+            (
+                fresh[0],
+                ("authorization", fresh[1][1] + ", Signature=" + "0" * 40),
+            ),
+        ]
+        for md in refused:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.QueryRoute(route, metadata=md, timeout=10)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, md
