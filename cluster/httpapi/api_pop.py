@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from chronomq.cluster.httpapi.base import BROKER, client_gone, forward_to_leader, json_response
-from chronomq.cluster.node import models
+from chronomq.cluster.node import models, reserved
 from chronomq.cluster.node.errors import bad_request
 from chronomq.cluster.node.popcalls import (
     ack,
@@ -101,6 +101,7 @@ async def pop_route(request: web.Request) -> web.Response:
     group = _group(request)
     body = models.decode(await request.read(), models.PopRequest)
     args = receive_args(body, int(broker.config.max_wait_ms))
+    reserved.check_group_read(args.topic, group)
     async with client_gone(request, args.wait_ms) as gone:
         popped = await receive(broker, group, args, gone)
     return json_response({"messages": [popped_json(p) for p in popped]})

@@ -60,6 +60,7 @@ BY_ERROR: Final[dict[str, int]] = {
     # Who asks.
     "unauthorized": Code.UNAUTHORIZED,
     "cross_origin": Code.FORBIDDEN,
+    "not_group_topic": Code.FORBIDDEN,
     # What it names.
     "not_found": Code.NOT_FOUND,
     "unknown_topic": Code.TOPIC_NOT_FOUND,

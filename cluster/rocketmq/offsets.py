@@ -124,6 +124,7 @@ def pull_args(
     """The request as a pull; an :class:`ApiError` names what is wrong."""
     group = check_group(request.group.name)
     topic, queue = queue_of(request.message_queue)
+    reserved.check_group_read(topic, group, "message_queue.topic")
     offset = check_offset(int(request.offset))
     batch = int(request.batch_size)
     if batch < 0:

@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import hmac
 import time
+import urllib.parse
 from typing import Any
 
 import aiohttp
@@ -228,3 +229,75 @@ async def test_a_signature_expires_names_the_access_key_and_comes_once(
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await stub.QueryRoute(route, metadata=md, timeout=10)
             assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, md
+
+
+ROCKETMQ_RESERVED = [
+    "%DLQ%phantom",
+    "%RETRY%phantom",
+    "RMQ_SYS_TRANS_HALF_TOPIC",
+    "TBW102",
+    "OFFSET_MOVED_EVENT",
+    "SELF_TEST_TOPIC",
+    "BenchmarkTest",
+    "RMQ_SYS_TRACE_TOPIC",
+]
+
+
+async def test_rocketmq_system_topics_are_refused_and_group_topics_are_their_groups(
+    make_cluster: Any,
+) -> None:
+    cluster: LocalCluster = make_cluster(1)
+    cluster.wait_leader(60)
+    url = cluster.http_url(0)
+    async with aiohttp.ClientSession() as s:
+
+        async def post(path: str, body: Any) -> tuple[int, Any]:
+            async with s.post(f"{url}{path}", json=body) as r:
+                return r.status, await r.json()
+
+        for topic in ROCKETMQ_RESERVED:
+            quoted = urllib.parse.quote(topic, safe="")
+            status, answer = await post(
+                f"/v1/topics/{quoted}/messages", {"messages": [{"body": "x"}]}
+            )
+            assert (status, answer["field"]) == (400, "topic"), (topic, answer)
+            async with s.put(f"{url}/v1/topics/{quoted}", json={"queues": 1}) as r:
+                assert r.status == 400, (topic, await r.json())
+        # A real dead-letter topic: billing sends a consumed message straight to it.
+        assert (await post("/v1/topics/orders/messages", {"messages": [{"body": "o"}]}))[0] == 200
+        status, answer = await post(
+            "/v1/groups/billing/retry",
+            {"topic": "orders", "queue": 0, "offset": 0, "delay_level": -1},
+        )
+        assert status == 200 and answer["topic"] == "%DLQ%billing", answer
+        pop = {"topic": "%DLQ%billing", "invisible_ms": 10_000}
+        status, answer = await post("/v1/groups/thief/pop", pop)
+        assert (status, answer["error"]) == (403, "not_group_topic"), answer
+        status, answer = await post("/v1/groups/billing/pop", pop)
+        assert status == 200 and len(answer["messages"]) == 1, answer
+        async with s.get(f"{url}/v1/groups") as r:
+            groups = {g["group"] for g in (await r.json())["groups"]}
+        assert "phantom" not in groups and "billing" in groups, groups
+
+    async with grpc.aio.insecure_channel(cluster.grpc_address(0)) as channel:
+        stub = spb_grpc.MessagingServiceStub(channel)
+        for topic in ROCKETMQ_RESERVED:
+            answer = await stub.SendMessage(raw_send(topic, b"x"), timeout=15)
+            assert answer.status.code in (Code.BAD_REQUEST, Code.ILLEGAL_TOPIC), (topic, answer)
+            route = spb.QueryRouteRequest(topic=pb.Resource(name=topic))
+            assert (await stub.QueryRoute(route, timeout=15)).status.code != Code.OK, topic
+        dlq = pb.MessageQueue(topic=pb.Resource(name="%DLQ%billing"), id=0)
+        receive = spb.ReceiveMessageRequest(
+            group=pb.Resource(name="thief"), message_queue=dlq, batch_size=1
+        )
+        receive.invisible_duration.seconds = 30
+        receive.long_polling_timeout.seconds = 0
+        answers = [a async for a in stub.ReceiveMessage(receive, timeout=15)]
+        assert [a.status.code for a in answers if a.HasField("status")] == [Code.FORBIDDEN]
+        pull = spb.PullMessageRequest(
+            group=pb.Resource(name="thief"), message_queue=dlq, offset=0, batch_size=1
+        )
+        answers = [a async for a in stub.PullMessage(pull, timeout=15)]
+        assert [a.status.code for a in answers if a.HasField("status")] == [Code.FORBIDDEN]
+    async with aiohttp.ClientSession() as s, s.get(f"{url}/v1/groups") as r:
+        assert "phantom" not in {g["group"] for g in (await r.json())["groups"]}
