@@ -97,6 +97,26 @@ KEYS: tuple[Key, ...] = (
         max=100_000,
     ),
     Key(
+        "grpc_max_telemetry_streams",
+        int,
+        2000,
+        "Most Telemetry streams the gRPC endpoint holds open at once (an official client holds "
+        "one per node while it runs); one more is refused with RESOURCE_EXHAUSTED. At most half "
+        "the endpoint's 10,000 calls, so sends, receives and acks always have room. A client id "
+        "holds at most 8 (its next one closes its oldest), a connection at most 16.",
+        min=1,
+        max=5_000,
+    ),
+    Key(
+        "grpc_telemetry_settings_timeout_ms",
+        int,
+        10_000,
+        "How long a new Telemetry stream may stay open without sending its settings (official "
+        "clients send them at once) before the node closes it.",
+        min=100,
+        max=600_000,
+    ),
+    Key(
         "peers",
         list,
         [],

@@ -195,6 +195,8 @@ class NodeConfig:
     grpc_host: str
     grpc_port: int
     grpc_max_concurrent_streams: int
+    grpc_max_telemetry_streams: int
+    grpc_telemetry_settings_timeout_ms: int
     peers: tuple[Peer, ...]
     # Storage.
     flush: str

@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import time
 import urllib.parse
+import urllib.request
 from typing import Any
 
 import aiohttp
@@ -301,3 +302,74 @@ async def test_rocketmq_system_topics_are_refused_and_group_topics_are_their_gro
         assert [a.status.code for a in answers if a.HasField("status")] == [Code.FORBIDDEN]
     async with aiohttp.ClientSession() as s, s.get(f"{url}/v1/groups") as r:
         assert "phantom" not in {g["group"] for g in (await r.json())["groups"]}
+
+
+async def telemetry_open(cluster: LocalCluster) -> float:
+    def read() -> float:
+        with urllib.request.urlopen(f"{cluster.http_url(0)}/metrics", timeout=5) as r:  # noqa: S310
+            text = r.read().decode()
+        for line in text.splitlines():
+            if line.startswith("chronomq_grpc_telemetry_streams "):
+                return float(line.split()[1])
+        raise AssertionError("no chronomq_grpc_telemetry_streams in /metrics")
+
+    return await asyncio.to_thread(read)
+
+
+async def test_idle_telemetry_streams_cannot_fill_the_call_limit(make_cluster: Any) -> None:
+    cluster: LocalCluster = make_cluster(
+        1, grpc_max_telemetry_streams=40, grpc_telemetry_settings_timeout_ms=1500
+    )
+    cluster.wait_leader(60)
+    target = cluster.grpc_address(0)
+    # A subchannel pool of its own each: one connection per channel.
+    separate = [("grpc.use_local_subchannel_pool", 1)]
+    channels = [grpc.aio.insecure_channel(target, options=separate) for _ in range(4)]
+    try:
+        stubs = [spb_grpc.MessagingServiceStub(c) for c in channels]
+
+        def idle(stub: Any, client_id: str) -> Any:
+            return stub.Telemetry(metadata=(("x-mq-client-id", client_id),))
+
+        # One client id: its ninth stream closes its first (RESOURCE_EXHAUSTED); the rest,
+        # which never send settings, are closed after the timeout.
+        calls = [idle(stubs[0], "abuser") for _ in range(12)]
+        codes = await asyncio.wait_for(asyncio.gather(*(c.code() for c in calls)), 30)
+        assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 4, codes
+        assert codes.count(grpc.StatusCode.DEADLINE_EXCEEDED) == 8, codes
+        assert await telemetry_open(cluster) == 0
+
+        # One connection, many client ids: 16 held, the rest refused.
+        calls = [idle(stubs[0], f"one-conn-{i}") for i in range(20)]
+        refused = [c for c in calls[16:]]
+        assert [await c.code() for c in refused] == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 4
+        await asyncio.wait_for(asyncio.gather(*(c.code() for c in calls)), 30)
+
+        # Many connections and ids: 40 in all; the other calls keep their room meanwhile.
+        calls = [idle(stubs[1 + i % 3], f"many-{i}") for i in range(48)]
+        route = spb.QueryRouteRequest(topic=pb.Resource(name="served"))
+        answer = await stubs[0].QueryRoute(route, timeout=10)
+        assert answer.status.code == Code.OK
+        sent = await stubs[0].SendMessage(raw_send("served", b"still served"), timeout=10)
+        assert sent.status.code == Code.OK
+        assert await telemetry_open(cluster) <= 40
+        codes = await asyncio.wait_for(asyncio.gather(*(c.code() for c in calls)), 30)
+        assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 8, codes
+        assert await telemetry_open(cluster) == 0
+    finally:
+        for c in channels:
+            await c.close()
+
+    # An official client (it sends its settings at once) keeps its stream past the timeout.
+    config = ClientConfiguration(cluster.grpc_endpoints, Credentials(), request_timeout=10)
+    producer = Producer(config, ("served",))
+    await asyncio.to_thread(producer.startup)
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            assert await telemetry_open(cluster) >= 1
+            await asyncio.sleep(0.2)
+        receipt = await asyncio.to_thread(producer.send, message("served", b"official"))
+        assert receipt.message_id
+    finally:
+        await asyncio.to_thread(producer.shutdown)
