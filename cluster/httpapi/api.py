@@ -125,7 +125,11 @@ def create_app(broker: Broker) -> web.Application:
             metrics_middleware,
             error_middleware,
             same_origin_middleware,
-            auth_middleware(broker.config.auth_token, metrics_public=broker.config.metrics_public),
+            auth_middleware(
+                broker.config.auth_token,
+                metrics_public=broker.config.metrics_public,
+                console_files=api_console.console_files().keys(),
+            ),
             removed_middleware,
             guard.body,
         ],
