@@ -350,3 +350,91 @@ def test_the_cycle_check_finds_a_cycle_dodged_inside_a_function(tmp_path: pathli
 def test_the_cycle_check_on_a_graph() -> None:
     assert find_cycles({"x": {"y"}, "y": {"z"}, "z": set()}) == []
     assert find_cycles({"x": {"y"}, "y": {"x", "z"}, "z": {"z"}}) == [["x", "y"], ["z"]]
+
+
+# Calls that take a module or package name as a string and resolve it through ``sys.path``.
+_NAME_RESOLVERS = frozenset(
+    {
+        "import_module",
+        "__import__",
+        "files",
+        "find_spec",
+        "run_module",
+        "resolve_name",
+        "read_text",
+        "read_binary",
+        "open_text",
+        "open_binary",
+        "contents",
+        "is_resource",
+        "path",
+        "get_data",
+    }
+)
+
+
+def _call_name(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return None
+
+
+def _old_name(value: object) -> bool:
+    """A string naming one of our packages (or a module in it) by its top-level name."""
+    return isinstance(value, str) and value.split(".")[0] in TOP and value.split(".")[0] != LIBRARY
+
+
+def names_resolved_at_run_time(root: pathlib.Path, packages: tuple[str, ...]) -> list[str]:
+    """Strings that name a module of ours by a top-level name where Python resolves them at run
+    time through ``sys.path`` (so the current directory, for ``python -m``): the argument of
+    ``importlib.import_module``, ``importlib.resources.files``, ``find_spec``, ``__import__``,
+    ``runpy``..., and what follows ``-m`` in a command line."""
+    bad = []
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            where = path.relative_to(root)
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Call) and _call_name(node.func) in _NAME_RESOLVERS:
+                    for arg in [*node.args[:1], *(k.value for k in node.keywords)]:
+                        if isinstance(arg, ast.Constant) and _old_name(arg.value):
+                            bad.append(f"{where}:{node.lineno} resolves {arg.value!r}")
+                if isinstance(node, ast.List | ast.Tuple):
+                    items = node.elts
+                    for first, second in zip(items, items[1:], strict=False):
+                        if (
+                            isinstance(first, ast.Constant)
+                            and first.value == "-m"
+                            and isinstance(second, ast.Constant)
+                            and _old_name(second.value)
+                        ):
+                            bad.append(f"{where}:{node.lineno} runs -m {second.value!r}")
+    return bad
+
+
+def test_no_module_resolves_a_top_level_name_of_ours_at_run_time() -> None:
+    """A node started anywhere but the repository's root (every real install) cannot find a
+    top-level ``cluster`` or ``ops``, and a node started where someone can write would import
+    theirs: every name handed to the import machinery is ``chronomq.``-qualified."""
+    assert names_resolved_at_run_time(ROOT, TOP) == []
+
+
+def test_the_run_time_name_check_finds_strings_that_name_old_packages(
+    tmp_path: pathlib.Path,
+) -> None:
+    (tmp_path / "cluster").mkdir()
+    (tmp_path / "cluster" / "console.py").write_text(
+        "import importlib, importlib.resources, subprocess, sys\n"
+        'root = importlib.resources.files("cluster")\n'
+        'mod = importlib.import_module("ops.bench")\n'
+        'subprocess.run([sys.executable, "-m", "cluster", "node"])\n'
+        'ok = importlib.resources.files("chronomq.cluster.httpapi")\n'
+        'also_ok = importlib.import_module(name="json")\n'
+        'print("cluster", "-m")\n'
+    )
+    assert names_resolved_at_run_time(tmp_path, ("cluster",)) == [
+        "cluster/console.py:2 resolves 'cluster'",
+        "cluster/console.py:3 resolves 'ops.bench'",
+        "cluster/console.py:4 runs -m 'cluster'",
+    ]

@@ -99,6 +99,26 @@ KEYS: tuple[Key, ...] = (
         max=100_000,
     ),
     Key(
+        "grpc_max_telemetry_streams",
+        int,
+        2000,
+        "Most Telemetry streams the gRPC endpoint holds open at once (an official client holds "
+        "one per node while it runs); one more is refused with RESOURCE_EXHAUSTED. At most half "
+        "the endpoint's 10,000 calls, so sends, receives and acks always have room. A client id "
+        "holds at most 8 (its next one closes its oldest), a connection at most 16.",
+        min=1,
+        max=5_000,
+    ),
+    Key(
+        "grpc_telemetry_settings_timeout_ms",
+        int,
+        10_000,
+        "How long a new Telemetry stream may stay open without sending its settings (official "
+        "clients send them at once) before the node closes it.",
+        min=100,
+        max=600_000,
+    ),
+    Key(
         "peers",
         list,
         [],
@@ -466,6 +486,25 @@ KEYS: tuple[Key, ...] = (
         str,
         "",
         "File holding auth_token (one line; must not be readable by group or others).",
+    ),
+    Key(
+        "access_key",
+        str,
+        "",
+        "The access key RocketMQ 5 clients give with auth_token as their secret key "
+        "(`Credentials(access_key, token)`): when set, a signed gRPC call must name it. Empty "
+        "accepts any access key (the token alone proves the caller).",
+    ),
+    Key(
+        "grpc_signature_window_s",
+        int,
+        900,
+        "How far a signed gRPC call's x-mq-date-time may lie from the node's clock, in seconds, "
+        "either way, as RocketMQ's ACL allows (15 minutes): a captured signature stops working "
+        "after it. The official clients write their local time with a Z, so a client clock in "
+        "another time zone than UTC and the node's needs a window that covers the difference.",
+        min=1,
+        max=172_800,
     ),
     Key(
         "cluster_secret",

@@ -221,6 +221,8 @@ class NodeConfig:
     grpc_host: str
     grpc_port: int
     grpc_max_concurrent_streams: int
+    grpc_max_telemetry_streams: int
+    grpc_telemetry_settings_timeout_ms: int
     peers: tuple[Peer, ...]
     # Storage.
     flush: str
@@ -271,6 +273,8 @@ class NodeConfig:
     # Security.
     auth_token: str
     auth_token_file: str
+    access_key: str
+    grpc_signature_window_s: int
     cluster_secret: str
     cluster_secret_file: str
     allow_insecure: bool

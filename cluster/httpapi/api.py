@@ -7,8 +7,9 @@
 Every node serves every route. Writes that reach a follower are forwarded to the leader (through
 :class:`chronomq.cluster.node.peerhttp.PeerHttp`, which carries the node's own token); if the leader is unknown
 the answer is 503 with ``Retry-After``. Errors are always ``{"error", "message", "field"}``
-JSON; a stack trace never reaches a client. With ``auth_token`` set every route but the probes
-needs the bearer token (:mod:`chronomq.cluster.node.auth`).
+JSON; a stack trace never reaches a client. A body must be JSON and a write from a page on
+another origin is refused (:mod:`~chronomq.cluster.httpapi.sameorigin`). With ``auth_token``
+set every route but the probes needs the bearer token (:mod:`chronomq.cluster.node.auth`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from chronomq.cluster.httpapi.middleware import (
     removed_middleware,
 )
 from chronomq.cluster.httpapi.openapi import spec
+from chronomq.cluster.httpapi.sameorigin import same_origin_middleware
 from chronomq.cluster.logs import stdlog as logs
 from chronomq.cluster.node.auth import auth_middleware
 from chronomq.cluster.node.broker import Broker
@@ -124,7 +126,12 @@ def create_app(broker: Broker) -> web.Application:
             guard.arrival,
             metrics_middleware,
             error_middleware,
-            auth_middleware(broker.config.auth_token, metrics_public=broker.config.metrics_public),
+            same_origin_middleware,
+            auth_middleware(
+                broker.config.auth_token,
+                metrics_public=broker.config.metrics_public,
+                console_files=api_console.console_files().keys(),
+            ),
             removed_middleware,
             guard.body,
         ],

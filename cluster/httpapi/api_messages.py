@@ -18,12 +18,12 @@ from chronomq.cluster.httpapi.base import (
     forward_to_leader,
     int_param,
     json_response,
+    path_group,
     path_int,
 )
 from chronomq.cluster.node import models, reserved
 from chronomq.cluster.node.errors import ApiError, bad_request
 from chronomq.raftlog import record
-from chronomq.raftlog.record import validate_topic
 
 
 async def produce(request: web.Request) -> web.Response:
@@ -132,12 +132,11 @@ async def put_offset(request: web.Request) -> web.Response:
     if forwarded is not None:
         return forwarded
     broker = request.app[BROKER]
-    group = request.match_info["group"]
+    group = path_group(request)
     body = models.decode(await request.read(), models.OffsetCommit)
     topic, queue, offset = body.topic, body.queue, body.offset
     broker.queue_count(topic)  # 404 for an unknown topic
     broker.check_queue(topic, queue)
-    validate_topic(group, "group")
     await broker.commit_offset(group, topic, queue, offset)
     return json_response({"group": group, "topic": topic, "queue": queue, "offset": offset})
 
@@ -149,7 +148,7 @@ async def get_offsets(request: web.Request) -> web.Response:
     if forwarded is not None:
         return forwarded
     broker = request.app[BROKER]
-    group = request.match_info["group"]
+    group = path_group(request)
     return json_response(
         {"group": group, "offsets": broker.group_offsets(group, request.query.get("topic"))}
     )

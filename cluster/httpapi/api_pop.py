@@ -19,9 +19,14 @@ from typing import Any
 
 from aiohttp import web
 
-from chronomq.cluster.httpapi.base import BROKER, client_gone, forward_to_leader, json_response
-from chronomq.cluster.node import models
-from chronomq.cluster.node.errors import bad_request
+from chronomq.cluster.httpapi.base import (
+    BROKER,
+    client_gone,
+    forward_to_leader,
+    json_response,
+    path_group,
+)
+from chronomq.cluster.node import models, reserved
 from chronomq.cluster.node.popcalls import (
     ack,
     change_invisible,
@@ -31,7 +36,6 @@ from chronomq.cluster.node.popcalls import (
     receive,
     receive_args,
 )
-from chronomq.pop import group_problem
 
 # (method, path): (summary, request schema or None, 200 response schema, query parameters)
 ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
@@ -70,14 +74,6 @@ ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
 # ---------------------------------------------------------------------- HTTP handlers
 
 
-def _group(request: web.Request) -> str:
-    group = request.match_info["group"]
-    problem = group_problem(group)
-    if problem is not None:
-        raise bad_request(problem, "group")
-    return group
-
-
 def _on_leader(handler: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
     async def run(request: web.Request) -> web.StreamResponse:
         # The leader may hold a receive for its whole long poll.
@@ -98,16 +94,17 @@ def _forward_timeout(request: web.Request) -> float:
 
 async def pop_route(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
-    group = _group(request)
+    group = path_group(request)
     body = models.decode(await request.read(), models.PopRequest)
     args = receive_args(body, int(broker.config.max_wait_ms))
+    reserved.check_group_read(args.topic, group)
     async with client_gone(request, args.wait_ms) as gone:
         popped = await receive(broker, group, args, gone)
     return json_response({"messages": [popped_json(p) for p in popped]})
 
 
 async def ack_route(request: web.Request) -> web.Response:
-    group = _group(request)
+    group = path_group(request)
     handles = models.decode(await request.read(), models.AckRequest).receipt_handles
     results = await ack(request.app[BROKER], group, handles)
     return json_response(
@@ -120,7 +117,7 @@ async def ack_route(request: web.Request) -> web.Response:
 
 
 async def invisible_route(request: web.Request) -> web.Response:
-    group = _group(request)
+    group = path_group(request)
     b = models.decode(await request.read(), models.InvisibleRequest)
     result = await change_invisible(
         request.app[BROKER], group, b.receipt_handle, b.invisible_ms, b.max_reconsume_times
@@ -129,7 +126,7 @@ async def invisible_route(request: web.Request) -> web.Response:
 
 
 async def dlq_route(request: web.Request) -> web.Response:
-    group = _group(request)
+    group = path_group(request)
     b = models.decode(await request.read(), models.DlqRequest)
     result = await forward_to_dlq(request.app[BROKER], group, b.receipt_handle)
     return json_response({"status": result.status.value})

@@ -18,6 +18,7 @@ from chronomq.cluster.httpapi.metrics import Metrics
 from chronomq.cluster.node.broker import Broker
 from chronomq.cluster.node.errors import ApiError, bad_request
 from chronomq.cluster.node.runtimeconfig import RuntimeConfig
+from chronomq.pop import group_problem
 
 BROKER: web.AppKey[Broker] = web.AppKey("broker", Broker)
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
@@ -63,6 +64,16 @@ def int_param(request: web.Request, name: str, default: int | None, lo: int, hi:
     if not lo <= value <= hi:
         raise bad_request(f"{name} must be between {lo} and {hi}, got {value}", name)
     return value
+
+
+def path_group(request: web.Request) -> str:
+    """The consumer group the path names; 400 naming ``group`` unless it is one (letters,
+    digits, ``_``, ``-``, ``|``; as pop and consumer retry take it)."""
+    group = request.match_info["group"]
+    problem = group_problem(group)
+    if problem is not None:
+        raise bad_request(problem, "group")
+    return group
 
 
 def path_int(request: web.Request, name: str) -> int:

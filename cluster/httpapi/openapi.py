@@ -86,7 +86,9 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
         "Produce messages (any node; followers forward to the leader). Optional "
         "Idempotency-Key header, scoped to the topic: a replay within idempotency_window_s "
         "answers the first placement, the same key with another request 422 "
-        "idempotency_key_reused. System topics and reserved property names answer 400.",
+        "idempotency_key_reused. A message with a message_id (the id RocketMQ consumers see) is "
+        "sent alone and its id is the key. System topics and reserved property names (UNIQ_KEY "
+        "among them) answer 400.",
         models.ProduceRequest,
         models.Produced,
         [],

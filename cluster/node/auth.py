@@ -1,8 +1,9 @@
 """The bearer token every HTTP route requires when ``auth_token`` is set.
 
 Only the probes and the console's static files are open: ``GET /healthz``, ``GET /readyz``,
-``GET /console`` and ``GET /console/{file}`` (the page then asks for the token and sends it with
-every API call it makes), and ``GET /metrics`` when ``metrics_public``. Everything else, reads included (message bodies, group offsets, raw
+``GET /console`` and ``GET /console/{file}`` for the files the console has (the page then asks
+for the token and sends it with every API call it makes), and ``GET /metrics`` when
+``metrics_public``. Everything else, reads included (message bodies, group offsets, raw
 TimerLog records, the topology) and paths that match no route (so a caller without the
 token cannot tell which routes exist), answers 401 with ``WWW-Authenticate: Bearer`` and the
 usual ``{"error", "message", "field"}`` body unless the request carries
@@ -13,7 +14,7 @@ token in constant time.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from aiohttp import web
@@ -60,18 +61,21 @@ def unauthorized(invalid: bool) -> ApiError:
     return ApiError(401, "unauthorized", message, "Authorization", {"WWW-Authenticate": challenge})
 
 
-def auth_middleware(token: str, *, metrics_public: bool = False) -> Any:
-    """The middleware; with an empty ``token`` it lets everything through."""
+def auth_middleware(
+    token: str, *, metrics_public: bool = False, console_files: Collection[str] = ()
+) -> Any:
+    """The middleware; with an empty ``token`` it lets everything through. ``console_files``:
+    the names the console serves under ``/console/``; any other path there needs the token,
+    like every path that matches no route."""
     expected = token.encode("utf-8", "surrogatepass")
     open_paths = {path for _method, path in open_routes(metrics_public)}
+    open_paths |= {CONSOLE_PREFIX + name for name in console_files}
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not expected:
             return await handler(request)
-        if request.method in ("GET", "HEAD") and (
-            request.path in open_paths or request.path.startswith(CONSOLE_PREFIX)
-        ):
+        if request.method in ("GET", "HEAD") and request.path in open_paths:
             return await handler(request)
         header = request.headers.get("Authorization")
         if not bearer_token_matches(header, expected):

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import orjson
 
-from chronomq.cluster.node.errors import ApiError
+from chronomq.cluster.node.errors import ApiError, bad_request
 from chronomq.cluster.node.models import MessageIn
 from chronomq.raftlog.store import Store
 
@@ -51,6 +51,8 @@ def request_fingerprint(topic: str, raw: Sequence[MessageIn]) -> str:
                 m.tags,
                 m.queue,
                 [[k, getattr(m, k)] for k in _DELAY_FIELDS if getattr(m, k) is not None],
+                # Only when given: a request without one fingerprints as it always did.
+                *([m.message_id] if m.message_id is not None else []),
             ],
             option=orjson.OPT_SORT_KEYS,
         )
@@ -58,6 +60,31 @@ def request_fingerprint(topic: str, raw: Sequence[MessageIn]) -> str:
         h.update(body)
         h.update(meta)
     return h.hexdigest()
+
+
+MESSAGE_ID_KEY_PREFIX = "rmq5:"
+"""The idempotency key of a message sent with a client-made ``message_id``: the prefix, then
+the id (the RocketMQ 5 endpoint's key for a send, since it maps the client's id there)."""
+
+
+def message_id_key(raw: Sequence[MessageIn], given: str | None) -> str | None:
+    """The idempotency key of a request whose message carries a ``message_id``: the id itself,
+    so that no other message of the topic takes it within the window (a second send with
+    another content is refused, the same one answers the first placement); ``given`` (the
+    request's ``Idempotency-Key``) when no message carries one. 400 for a message with an id
+    sent with others, or a header that names another key."""
+    with_id = [i for i, m in enumerate(raw) if m.message_id is not None]
+    if not with_id:
+        return given
+    if len(raw) != 1:
+        raise bad_request(
+            "a message with a message_id is sent alone: its id is the request's idempotency key",
+            f"messages[{with_id[0]}].message_id",
+        )
+    key = MESSAGE_ID_KEY_PREFIX + str(raw[0].message_id)
+    if given is not None and given != key:
+        raise bad_request(f"with a message_id the Idempotency-Key is {key!r} or absent", FIELD)
+    return key
 
 
 def key_fingerprint(key: str) -> str:

@@ -45,6 +45,8 @@ _INT_MAX = 2**63 - 1
 """The largest integer a bounded field takes (msgspec bounds are 64-bit); a larger one is
 refused naming its field rather than carried further."""
 NonNegative = Annotated[int, Meta(ge=0, le=_INT_MAX)]
+MESSAGE_ID_PATTERN: Final = "^[0-9A-Za-z_-]{1,128}$"
+"""A client-made message id: 1 to 128 letters, digits, ``_`` or ``-``."""
 Id = Annotated[int, Meta(ge=0, le=1023)]
 
 
@@ -149,6 +151,19 @@ class MessageIn(Request):
     ) = None
     delay_ms: Annotated[int, _doc_only(minimum=0)] | None = None
     deliver_at_ms: Annotated[int, _doc_only(minimum=0)] | None = None
+    message_id: (
+        Annotated[
+            str,
+            Meta(
+                pattern=MESSAGE_ID_PATTERN,
+                description="the id consumers see (RocketMQ's UNIQ_KEY property), made by the "
+                "client; a message that has one is sent alone and its id is the request's "
+                "idempotency key, so no other message of the topic takes it within "
+                "idempotency_window_s",
+            ),
+        ]
+        | None
+    ) = None
 
 
 class ProduceRequest(Request):

@@ -35,6 +35,7 @@ BY_ERROR: Final[dict[str, int]] = {
     "invalid_config": Code.BAD_REQUEST,
     "unknown_key": Code.BAD_REQUEST,
     "method_not_allowed": Code.BAD_REQUEST,
+    "unsupported_media_type": Code.BAD_REQUEST,
     "illegal_topic": Code.ILLEGAL_TOPIC,
     "illegal_consumer_group": Code.ILLEGAL_CONSUMER_GROUP,
     "illegal_invisible_time": Code.ILLEGAL_INVISIBLE_TIME,
@@ -58,6 +59,8 @@ BY_ERROR: Final[dict[str, int]] = {
     "not_implemented": Code.NOT_IMPLEMENTED,
     # Who asks.
     "unauthorized": Code.UNAUTHORIZED,
+    "cross_origin": Code.FORBIDDEN,
+    "not_group_topic": Code.FORBIDDEN,
     # What it names.
     "not_found": Code.NOT_FOUND,
     "unknown_topic": Code.TOPIC_NOT_FOUND,

@@ -347,6 +347,7 @@ class ConsumeRpcs(ServicerBase):
                 auto_renew_invisible_ms=int(self._config.default_invisible_time_ms),
                 server_renews=self.renewer is not None,
             )
+            reserved.check_group_read(args.topic, group)
             broker = self.broker
 
             async def local() -> dict[str, Any]:

@@ -28,7 +28,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc as spb_grpc
 
 from chronomq.cluster.config.nodeconfig import ConfigError, NodeConfig
 from chronomq.cluster.node.broker import Broker
-from chronomq.cluster.rocketmq.credentials import call_is_authorized
+from chronomq.cluster.rocketmq.credentials import Clock, GrpcCredentials, call_is_authorized
 from chronomq.cluster.rocketmq.metrics import GrpcMetrics
 from chronomq.cluster.rocketmq.service import MessagingService
 
@@ -82,8 +82,8 @@ def _method_name(full: str) -> str:
 class _AuthInterceptor(grpc.aio.ServerInterceptor):
     """Refuses a call without the token before its handler runs (and counts it)."""
 
-    def __init__(self, token: str, metrics: GrpcMetrics) -> None:
-        self._token = token.encode("utf-8", "surrogatepass")
+    def __init__(self, creds: GrpcCredentials, metrics: GrpcMetrics) -> None:
+        self._creds = creds
         self._metrics = metrics
 
     async def intercept_service(
@@ -92,7 +92,9 @@ class _AuthInterceptor(grpc.aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(details)
-        if handler is None or call_is_authorized(details.invocation_metadata, self._token):
+        if handler is None or call_is_authorized(
+            details.invocation_metadata, self._creds, Clock.read()
+        ):
             return handler
         self._metrics.observe(_method_name(details.method), "UNAUTHENTICATED", 0.0)
         message = (
@@ -140,7 +142,12 @@ class GrpcEndpoint:
         """Bind and serve; OSError when the address cannot be bound."""
         interceptors = []
         if self.config.auth_token:
-            interceptors.append(_AuthInterceptor(self.config.auth_token, self.metrics))
+            accepted = GrpcCredentials(
+                self.config.auth_token.encode("utf-8", "surrogatepass"),
+                self.config.access_key,
+                self.config.grpc_signature_window_s,
+            )
+            interceptors.append(_AuthInterceptor(accepted, self.metrics))
         server = grpc.aio.server(
             interceptors=interceptors,
             options=server_options(self.config),

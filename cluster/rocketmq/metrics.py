@@ -17,6 +17,8 @@
   ``changed``, ``dlq``, ``stale``, ``client_gone``, ``max_time``, ``dropped`` at
   ``renew_max_tracked``) and ``chronomq_grpc_auto_renew_deferred_total`` (renewals due but
   held back by ``renew_max_per_second``);
+- ``chronomq_grpc_telemetry_streams`` (open now) and
+  ``chronomq_grpc_telemetry_refused_total{reason}`` (:mod:`chronomq.cluster.rocketmq.streams`);
 - messages produced over gRPC also count in ``chronomq_messages_produced``, like HTTP's.
 """
 
@@ -61,6 +63,19 @@ class GrpcMetrics:
         self.pulled = Counter(
             "chronomq_grpc_messages_pulled",
             "Messages pulled by offset over gRPC (PullMessage)",
+            registry=registry,
+        )
+
+        self.telemetry_streams = Gauge(
+            "chronomq_grpc_telemetry_streams",
+            "Telemetry streams open on this node's gRPC endpoint",
+            registry=registry,
+        )
+        self.telemetry_refused = Counter(
+            "chronomq_grpc_telemetry_refused",
+            "Telemetry streams refused or closed by a cap: client (a client id's oldest, "
+            "closed), connection, total, settings (none sent in time)",
+            ["reason"],
             registry=registry,
         )
 

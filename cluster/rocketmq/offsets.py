@@ -51,7 +51,7 @@ from chronomq.cluster.node import reserved
 from chronomq.cluster.node.errors import ApiError, bad_request
 from chronomq.cluster.node.offsets import group_offset_key
 from chronomq.cluster.node.pull import INLINE_READ_BYTES
-from chronomq.cluster.rocketmq import codes
+from chronomq.cluster.rocketmq import codes, convert
 from chronomq.cluster.rocketmq.consume import check_group, duration_ms, message_pb, tags_of
 from chronomq.cluster.rocketmq.rpc import ServicerBase, make_status, rpc
 from chronomq.raftlog import record
@@ -124,6 +124,7 @@ def pull_args(
     """The request as a pull; an :class:`ApiError` names what is wrong."""
     group = check_group(request.group.name)
     topic, queue = queue_of(request.message_queue)
+    reserved.check_group_read(topic, group, "message_queue.topic")
     offset = check_offset(int(request.offset))
     batch = int(request.batch_size)
     if batch < 0:
@@ -234,8 +235,8 @@ class OffsetRpcs(ServicerBase):
         elif policy == Policy.TIMESTAMP:
             if not request.HasField("timestamp"):
                 raise bad_request("the TIMESTAMP policy needs a timestamp", "timestamp")
-            ts = request.timestamp
-            offset = await self._offset_at(topic, queue, ts.seconds * 1000 + ts.nanos // 1_000_000)
+            at_ms = convert.timestamp_ms(request.timestamp, "timestamp")
+            offset = await self._offset_at(topic, queue, at_ms)
         else:
             raise bad_request(f"unknown query_offset_policy {policy}", "query_offset_policy")
         return spb.QueryOffsetResponse(status=make_status(), offset=offset)

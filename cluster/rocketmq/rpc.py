@@ -140,7 +140,11 @@ class ServicerBase:
         n = self.broker.raftlog.store.queue_count(name)
         if n is not None:
             return n
-        if self._config.auto_create_topic and not reserved.is_system_topic(name):
+        if (
+            self._config.auto_create_topic
+            and not reserved.is_system_topic(name)
+            and reserved.group_of_topic(name) is None
+        ):
             return int(self._config.default_topic_queues)
         raise ApiError(404, "unknown_topic", f"topic {name} does not exist", "topic")
 

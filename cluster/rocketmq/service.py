@@ -21,11 +21,13 @@ received. The ``message_id`` a consumer sees is the stored ``UNIQ_KEY`` property
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
+import grpc
 import orjson
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol import service_pb2_grpc as spb_grpc
@@ -33,7 +35,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc as spb_grpc
 from chronomq.cluster.node import reserved
 from chronomq.cluster.node.errors import ApiError
 from chronomq.cluster.node.idempotency import FIELD as IDEMPOTENCY_HEADER
-from chronomq.cluster.rocketmq import convert, routes, telemetry
+from chronomq.cluster.rocketmq import convert, routes, streams, telemetry
 from chronomq.cluster.rocketmq.consume import ConsumeRpcs
 from chronomq.cluster.rocketmq.offsets import OffsetRpcs
 from chronomq.cluster.rocketmq.rpc import ServicerBase, client_id_of, make_status, rpc
@@ -44,8 +46,34 @@ MAX_TELEMETRY_COMMANDS: Final = 10_000
 five minutes)."""
 
 
+async def _next_or_closed(commands: AsyncIterator[Any], closing: asyncio.Event) -> Any | None:
+    """The stream's next command; None when it ended or ``closing`` was set first."""
+    if closing.is_set():
+        return None
+    step = asyncio.ensure_future(commands.__anext__())
+    stop = asyncio.ensure_future(closing.wait())
+    try:
+        await asyncio.wait({step, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if not step.done():
+        step.cancel()
+        return None
+    try:
+        return step.result()
+    except StopAsyncIteration:
+        return None
+
+
 class MessagingService(ConsumeRpcs, OffsetRpcs, ServicerBase, spb_grpc.MessagingServiceServicer):
     """``apache.rocketmq.v2.MessagingService`` on one node."""
+
+    @functools.cached_property
+    def _recalls(self) -> convert.RecallHandles:
+        # Keyed as receipt handles are: a cluster without a secret (loopback only) signs with
+        # a fixed key, and its handles are then as good as its open API.
+        secret = self._config.cluster_secret_bytes or b"chronomq/no-cluster-secret"
+        return convert.RecallHandles(secret)
 
     # ------------------------------------------------------------------ routing and session
 
@@ -71,27 +99,76 @@ class MessagingService(ConsumeRpcs, OffsetRpcs, ServicerBase, spb_grpc.Messaging
             self.renewer.client_gone(client_id_of(context))
         return spb.NotifyClientTerminationResponse(status=make_status())
 
+    @functools.cached_property
+    def _telemetry_streams(self) -> streams.TelemetryStreams:
+        limits = streams.StreamLimits(total=self._config.grpc_max_telemetry_streams)
+        return streams.TelemetryStreams(limits)
+
     async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
         """Answer each ``settings`` command with the server's; the stream stays open until
-        the client closes it or the node stops."""
+        the client closes it, the node stops, or a cap of :mod:`~chronomq.cluster.rocketmq.
+        streams` closes it (RESOURCE_EXHAUSTED; DEADLINE_EXCEEDED without settings in time)."""
         t0 = time.perf_counter()
         code = "OK"
+        held = self._telemetry_streams
+        closing = asyncio.Event()
+        why: list[str] = []
+
+        def close(reason: str) -> None:
+            why.append(reason)
+            closing.set()
+
+        try:
+            ticket = held.admit(client_id_of(context), str(context.peer()), lambda: close("client"))
+        except streams.Refused as exc:
+            reason = "connection" if "connection" in str(exc) else "total"
+            self.metrics.telemetry_refused.labels(reason).inc()
+            self.metrics.observe("Telemetry", "RESOURCE_EXHAUSTED", time.perf_counter() - t0)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            return
+        self.metrics.telemetry_streams.set(len(held))
+        timeout_s = self._config.grpc_telemetry_settings_timeout_ms / 1000
+        deadline = asyncio.get_running_loop().call_later(timeout_s, close, "settings")
         try:
             seen = 0
-            async for command in request_iterator:
+            commands = request_iterator.__aiter__()
+            while True:
+                command = await _next_or_closed(commands, closing)
+                if command is None:
+                    break
                 seen += 1
                 if seen > MAX_TELEMETRY_COMMANDS:
                     code = "TOO_MANY_REQUESTS"
                     break
                 self._saw(context)
                 if command.HasField("settings"):
+                    deadline.cancel()
+                    held.settings_seen(ticket)
                     settings = telemetry.server_settings(self._config, command.settings)
                     yield spb.TelemetryCommand(status=make_status(), settings=settings)
         except asyncio.CancelledError:
             code = "CANCELLED"
             raise
         finally:
+            deadline.cancel()
+            held.release(ticket)
+            self.metrics.telemetry_streams.set(len(held))
+            if why:
+                code = "RESOURCE_EXHAUSTED" if why[0] == "client" else "DEADLINE_EXCEEDED"
+                self.metrics.telemetry_refused.labels(why[0]).inc()
             self.metrics.observe("Telemetry", code, time.perf_counter() - t0)
+        if why:
+            message = (
+                "closed: this client id opened another Telemetry stream"
+                if why[0] == "client"
+                else f"closed: no settings within {timeout_s:g} s"
+            )
+            status = (
+                grpc.StatusCode.RESOURCE_EXHAUSTED
+                if why[0] == "client"
+                else grpc.StatusCode.DEADLINE_EXCEEDED
+            )
+            await context.abort(status, message)
 
     # ------------------------------------------------------------------ producer
 
@@ -125,14 +202,14 @@ class MessagingService(ConsumeRpcs, OffsetRpcs, ServicerBase, spb_grpc.Messaging
                 status=make_status(), message_id=client_id or msg_id, offset=int(res["offset"])
             )
             if "deliver_at_ms" in raw:
-                entry.recall_handle = convert.recall_handle(msg_id, client_id)
+                entry.recall_handle = self._recalls.make(msg_id, produce.topic, client_id)
             entries.append(entry)
         return spb.SendMessageResponse(status=make_status(), entries=entries)
 
     @rpc(spb.RecallMessageResponse)
     async def RecallMessage(self, request: Any, context: Any) -> Any:
         record.validate_topic(request.topic.name, "topic")
-        hex_id, client_id = convert.parse_recall_handle(request.recall_handle)
+        hex_id, client_id = self._recalls.parse(request.recall_handle, request.topic.name)
         broker = self.broker
 
         async def local() -> dict[str, Any]:

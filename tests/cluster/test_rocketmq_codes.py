@@ -3,6 +3,7 @@ send requests as produce requests, recall handles, credentials, routes and setti
 
 from __future__ import annotations
 
+import calendar
 import gzip
 import hashlib
 import hmac
@@ -142,7 +143,8 @@ def test_normal_message() -> None:
     assert p.messages == (
         {
             "body_base64": "aGVsbG8=",
-            "properties": {"a": "b", "UNIQ_KEY": "01AB"},
+            "message_id": "01AB",
+            "properties": {"a": "b"},
             "tags": "t",
             "keys": ["k1", "k2"],
         },
@@ -208,41 +210,105 @@ def test_batch_key_and_mixed_topics() -> None:
     m.body = b"2"
     m.system_properties.message_id = "B"
     p = convert.produce_request(req, 1024)
-    assert p.idempotency_key is not None and p.idempotency_key.startswith("rmq5:batch:")
+    # No key for a batch: the broker refuses one whose messages carry ids (each id is its own
+    # message's key).
+    assert p.idempotency_key is None and p.client_ids == ("A", "B")
     m.topic.name = "other"
     with pytest.raises(ApiError):
         convert.produce_request(req, 1024)
 
 
 def test_recall_handle_round_trip() -> None:
-    h = convert.recall_handle("01A210D02858778E67DBBD0A351432AB", "0102FC")
-    assert convert.parse_recall_handle(h) == ("01A210D02858778E67DBBD0A351432AB", "0102FC")
-    for bad in ("", "c1.xyz.1", "01A210D02858778E67DBBD0A351432AB", "c1." + "A" * 300):
-        with pytest.raises(ApiError):
-            convert.parse_recall_handle(bad)
+    handles = convert.RecallHandles(b"cluster-secret-0123456789")
+    timer_id = "01A210D02858778E67DBBD0A351432AB"
+    h = handles.make(timer_id, "orders", "0102FC")
+    assert handles.parse(h, "orders") == (timer_id, "0102FC")
+    assert handles.parse(handles.make(timer_id, "orders", ""), "orders") == (timer_id, "")
+    other_cluster = convert.RecallHandles(b"another-secret-0123456789")
+    forged = [
+        "",
+        "c1.xyz.1",
+        timer_id,
+        f"c1.{timer_id}.0102FC",  # the old, unsigned form
+        "c2." + "A" * 300,
+        h.replace(timer_id, "01A210D02858778E67DBBD0A351432AC"),  # another timer
+        h.replace(".0102FC.", ".0102FD."),
+        h[:-1] + ("0" if h[-1] != "0" else "1"),
+        other_cluster.make(timer_id, "orders", "0102FC"),
+    ]
+    for bad in forged:
+        with pytest.raises(ApiError) as info:
+            handles.parse(bad, "orders")
+        assert info.value.field == "recall_handle"
+    with pytest.raises(ApiError):
+        handles.parse(h, "payments")  # good, but for another topic
 
 
 # ---------------------------------------------------------------------- credentials
 
 
-def test_bearer_and_client_signature() -> None:
-    token = b"s3cret-token"
-    assert credentials.call_is_authorized(None, b"")
-    assert credentials.call_is_authorized((("authorization", "Bearer s3cret-token"),), token)
-    assert not credentials.call_is_authorized((("authorization", "Bearer nope"),), token)
-    assert not credentials.call_is_authorized((), token)
-    date = "20261125T034500Z"
+TOKEN = b"s3cret-token"
+SIGNED_AT = "20261125T034500Z"
+SIGNED_AT_S = calendar.timegm((2026, 11, 25, 3, 45, 0, 0, 0, 0))
+UTC_NODE = credentials.Clock(SIGNED_AT_S + 5, 0)
+
+
+def signed(
+    date: str = SIGNED_AT, access_key: str = "ak", token: bytes = TOKEN, extra: str = ""
+) -> list[tuple[str, str]]:
     sig = hmac.new(token, date.encode(), hashlib.sha1).hexdigest()
-    md = (
-        ("x-mq-date-time", date),
-        (
-            "authorization",
-            f"MQv2-HMAC-SHA1 Credential=ak, SignedHeaders=x-mq-date-time, Signature={sig}",
-        ),
+    auth = f"MQv2-HMAC-SHA1 Credential={access_key}, SignedHeaders=x-mq-date-time{extra}, "
+    return [("x-mq-date-time", date), ("authorization", auth + f"Signature={sig}")]
+
+
+def authorized(md: Any, clock: credentials.Clock = UTC_NODE, **creds: Any) -> bool:
+    return credentials.call_is_authorized(md, credentials.GrpcCredentials(TOKEN, **creds), clock)
+
+
+def test_bearer_and_client_signature() -> None:
+    assert credentials.call_is_authorized(None, credentials.GrpcCredentials(b""), UTC_NODE)
+    assert authorized((("authorization", "Bearer s3cret-token"),))
+    assert not authorized((("authorization", "Bearer nope"),))
+    assert not authorized(())
+    md = signed()
+    assert authorized(md)
+    assert not credentials.call_is_authorized(
+        md, credentials.GrpcCredentials(b"another-token"), UTC_NODE
     )
-    assert credentials.call_is_authorized(md, token)
-    assert not credentials.call_is_authorized(md, b"another-token")
-    assert not credentials.call_is_authorized(md[1:], token)  # no date: nothing was signed
+    assert not authorized(md[1:])  # no date: nothing was signed
+
+
+def test_a_signature_expires_with_its_window() -> None:
+    md = signed()
+    for skew_s in (0, 899, -899):
+        assert authorized(md, credentials.Clock(SIGNED_AT_S + skew_s, 0)), skew_s
+    for skew_s in (901, -901, 86_400 * 365):
+        assert not authorized(md, credentials.Clock(SIGNED_AT_S + skew_s, 0)), skew_s
+    assert authorized(md, credentials.Clock(SIGNED_AT_S + 3000, 0), window_s=3600)
+    # A client in the node's time zone (UTC+2) writes its local time with a Z.
+    assert authorized(md, credentials.Clock(SIGNED_AT_S - 7200, 7200))
+    assert not authorized(md, credentials.Clock(SIGNED_AT_S - 7200, 3600))
+    assert not authorized(signed(date="2026-11-25 03:45:00"))
+    assert not authorized(signed(date="99991325T034500Z"))
+
+
+def test_a_signature_names_the_configured_access_key() -> None:
+    assert authorized(signed(access_key="anyone"))  # none configured
+    assert authorized(signed(access_key="chronomq"), access_key="chronomq")
+    assert not authorized(signed(access_key="anyone"), access_key="chronomq")
+
+
+def test_repeated_or_odd_entries_are_refused() -> None:
+    md = signed()
+    assert not authorized(md + [("authorization", "Bearer s3cret-token")])
+    assert not authorized([("authorization", "Bearer s3cret-token")] * 2)
+    assert not authorized(md + [("x-mq-date-time", "20261125T034501Z")])
+    sig = md[1][1].rsplit("Signature=", 1)[1]
+    assert not authorized(signed(extra=f", Signature={sig}"))
+    assert not authorized(signed(extra=", Credential=ak"))
+    twice = md[1][1].replace("SignedHeaders=x-mq-date-time", "SignedHeaders=x-mq-date-time;host")
+    assert not authorized([md[0], ("authorization", twice)])
+    assert not authorized([md[0], ("authorization", md[1][1] + ", Extra=1")])
 
 
 # ---------------------------------------------------------------------- routes and settings

@@ -43,7 +43,10 @@ def get(url: str, timeout_s: float = 2.0, token: str | None = None) -> tuple[int
 
 def post(url: str, body: Any, headers: dict[str, str] | None = None) -> tuple[int, Any]:
     req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), method="POST", headers=headers or {}
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", **(headers or {})},
     )
     try:
         with urllib.request.urlopen(req, timeout=15) as r:  # noqa: S310 - loopback

@@ -205,8 +205,10 @@ def test_console_files_are_served_open_with_security_headers(make_cluster: Any) 
         assert headers["Content-Security-Policy"] == csp
     # No inline script or style anywhere in the shipped files.
     assert b"<script>" not in page and b"style=" not in page
+    # What is no console file needs the token, as any path that matches no route does.
     for bad in ("nope.js", "..%2Fapi.py", "%2e%2e", "api.py", "INDEX.HTML"):
-        assert_error(call(f"{url}/console/{bad}"), 404, "file")
+        assert_error(call(f"{url}/console/{bad}"), 401, "Authorization")
+        assert_error(call(f"{url}/console/{bad}", token=TOKEN), 404, "file")
     # The page is open; the data is not; healthz tells the page to ask for the token.
     assert call(f"{url}/healthz")[1]["auth_required"] is True
     assert_error(call(f"{url}/v1/groups"), 401, "Authorization")

@@ -252,3 +252,39 @@ def test_a_member_added_at_runtime_is_reached_with_the_token(make_joinable_clust
     log = (cluster.node_dir(new) / "node.log").read_text()
     assert "TimerLog fetch from" not in log, log
     assert re.search(r"(fetched_records|local_records)=[1-9]", log), log
+
+
+def test_bad_group_names_and_unknown_console_files_answer_like_the_rest(
+    make_cluster: Any,
+) -> None:
+    """An invalid group is named as a group (not a topic); a path under /console/ that is no
+    console file needs the token like any path that matches no route."""
+    cluster: LocalCluster = make_cluster(1, auth_token=TOKEN)
+    cluster.wait_leader(60)
+    url = cluster.http_url(0)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+
+    async def go() -> None:
+        async with aiohttp.ClientSession() as s:
+            async with s.put(f"{url}/v1/topics/t", json={"queues": 1}, headers=auth) as r:
+                assert r.status == 201, await r.text()
+            for method, path, body in (
+                ("PUT", "/v1/groups/bad%20group/offsets", {"topic": "t", "queue": 0, "offset": 0}),
+                ("PUT", "/v1/groups/bad%25group/offsets", {"topic": "t", "queue": 0, "offset": 0}),
+                ("GET", "/v1/groups/bad%25group/offsets", None),
+                ("POST", "/v1/groups/bad%25group/pop", {"topic": "t"}),
+            ):
+                async with s.request(method, url + path, json=body, headers=auth) as r:
+                    answer = await r.json()
+                assert r.status == 400 and answer["field"] == "group", (path, answer)
+                assert answer["message"].startswith("group") and "topic" not in answer["message"]
+            for path in ("/console/nosuch.js", "/console/a/b", "/nosuch", "/v1/nosuch"):
+                async with s.get(url + path) as r:
+                    assert r.status == 401, (path, r.status)
+                async with s.get(url + path, headers=auth) as r:
+                    assert r.status == 404, (path, r.status)
+            for path in ("/console", "/console/app.js", "/console/index.html"):
+                async with s.get(url + path) as r:
+                    assert r.status == 200, (path, r.status)
+
+    asyncio.run(go())

@@ -356,3 +356,9 @@ def test_parse_msg_id_rejects(text: object) -> None:
     with pytest.raises(InvalidInput) as err:
         record.parse_msg_id(text, "id")
     assert err.value.field == "id"
+
+
+def test_the_random_part_of_an_id_comes_from_the_os_csprng(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not from a generator seeded once, whose state the ids a client sees would give away."""
+    monkeypatch.setattr(record.os, "urandom", lambda n: bytes(range(1, n + 1)))
+    assert record.MessageIdSource().next_id(0)[6:] == bytes(range(1, 11))

@@ -73,6 +73,8 @@ class Parsing(BrokerBase):
                     props[record.PROPERTY_KEYS] = " ".join(m.keys)
             if m.tags is not None:
                 props[record.PROPERTY_TAGS] = m.tags
+            if m.message_id is not None:
+                props[reserved.UNIQ_KEY] = m.message_id
             queue = m.queue
             delays = [k for k in DELAY_FIELDS if getattr(m, k) is not None]
             if len(delays) > 1:

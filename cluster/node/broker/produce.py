@@ -27,6 +27,7 @@ class Producing(Parsing):
             self.disk.check_produce()  # 507 disk_full before the request is even parsed
         raw = messages_in(raw)
         messages, extras, store_ms = self.parse_messages(topic, raw)
+        idempotency_key = idempotency.message_id_key(raw, idempotency_key)
         if self.disk is None:
             return await self._produce(topic, raw, idempotency_key, messages, extras, store_ms)
         # What these messages will take on every member's disk is held until they are
