@@ -89,6 +89,8 @@ BY_ERROR: Final[dict[str, int]] = {
     "no_leader": Code.HA_NOT_AVAILABLE,
     "not_leader": Code.HA_NOT_AVAILABLE,
     "leader_unreachable": Code.HA_NOT_AVAILABLE,
+    "read_index_unavailable": Code.HA_NOT_AVAILABLE,
+    "replica_behind": Code.HA_NOT_AVAILABLE,
     "replication_failed": Code.HA_NOT_AVAILABLE,
     "removed_from_cluster": Code.HA_NOT_AVAILABLE,
     "schedule_unavailable": Code.HA_NOT_AVAILABLE,
