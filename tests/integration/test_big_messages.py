@@ -19,6 +19,7 @@ import uuid
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
 from chronomq.cluster.process.launcher import LocalCluster
@@ -95,12 +96,17 @@ def _vm_hwm_bytes(pid: int) -> int:
 def test_many_large_producers_get_200_or_429_and_memory_stays_bounded(
     make_cluster: Any,
 ) -> None:
-    cluster = make_cluster(3)
+    # 300 producers of 1 MiB in this one process can fall seconds behind on a loaded machine:
+    # a connection it opened then waits longer than the 5 s header deadline for its first
+    # bytes, and the node rightly closes it. That deadline has its own tests
+    # (tests/cluster/test_bounds.py); here the node must answer what does arrive.
+    cluster = make_cluster(3, http_header_timeout_ms=120_000)
     leader = cluster.wait_leader(60)
     url = cluster.http_url(leader)
     producers = 300
     run_s = 20.0
     messages = [{"body": f"{i:02d}" + "x" * (64 * 1024 - 2)} for i in range(16)]
+    body = orjson.dumps({"messages": messages})  # once, not once per request
     statuses: collections.Counter[int] = collections.Counter()
     codes: collections.Counter[str] = collections.Counter()
 
@@ -110,8 +116,8 @@ def test_many_large_producers_get_200_or_429_and_memory_stays_bounded(
             while time.monotonic() < deadline:  # the same request, with its key, until 200
                 async with s.post(
                     f"{url}/v1/topics/{TOPIC}/messages",
-                    json={"messages": messages},
-                    headers={"Idempotency-Key": key},
+                    data=body,
+                    headers={"Idempotency-Key": key, "Content-Type": "application/json"},
                 ) as r:
                     statuses[r.status] += 1
                     if r.status == 200:
