@@ -121,8 +121,7 @@ class MessagingService(ConsumeRpcs, OffsetRpcs, ServicerBase, spb_grpc.Messaging
         try:
             ticket = held.admit(client_id_of(context), str(context.peer()), lambda: close("client"))
         except streams.Refused as exc:
-            reason = "connection" if "connection" in str(exc) else "total"
-            self.metrics.telemetry_refused.labels(reason).inc()
+            self.metrics.telemetry_refused.labels(exc.reason).inc()
             self.metrics.observe("Telemetry", "RESOURCE_EXHAUSTED", time.perf_counter() - t0)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             return

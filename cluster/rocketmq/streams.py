@@ -48,7 +48,11 @@ class Ticket:
 
 
 class Refused(Exception):
-    """A stream past a cap: the message says which."""
+    """A stream past a cap: ``reason`` is ``connection`` or ``total``, the message says more."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class TelemetryStreams:
@@ -68,7 +72,8 @@ class TelemetryStreams:
         :class:`Refused` past ``per_connection`` or ``total``."""
         if self._per_connection.get(connection, 0) >= self.limits.per_connection:
             raise Refused(
-                f"this connection has {self.limits.per_connection} Telemetry streams open"
+                "connection",
+                f"this connection has {self.limits.per_connection} Telemetry streams open",
             )
         held = self._by_client.get(client_id) if client_id is not None else None
         if held is not None and len(held) >= self.limits.per_client:
@@ -76,7 +81,7 @@ class TelemetryStreams:
             self._forget(oldest)
             oldest.close()
         if len(self._open) >= self.limits.total:
-            raise Refused(f"the node has {self.limits.total} Telemetry streams open")
+            raise Refused("total", f"the node has {self.limits.total} Telemetry streams open")
         ticket = Ticket(client_id, connection, close)
         self._open[id(ticket)] = ticket
         self._per_connection[connection] = self._per_connection.get(connection, 0) + 1
