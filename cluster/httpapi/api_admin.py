@@ -46,7 +46,11 @@ async def admin_cluster(request: web.Request) -> web.Response:
 
 
 async def admin_read_index(request: web.Request) -> web.Response:
-    """The leader's commit index, for a follower's read (cluster/node/readfence.py)."""
+    """The leader's commit index, for a follower's read (cluster/node/readfence.py). Asked
+    of a follower, it is the leader's answer, relayed like a write."""
+    forwarded = await forward_to_leader(request, 5)
+    if forwarded is not None:
+        return forwarded
     return json_response(request.app[BROKER].read_index())
 
 

@@ -158,8 +158,8 @@ _CORE: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
     ),
     ("GET", "/v1/admin/read-index"): (
         "On the leader, while its lease holds: its commit index, which a follower applies up "
-        "to before it answers a read with no such topic or an empty page (503 not_leader "
-        "elsewhere).",
+        "to before it answers a read with no such topic or an empty page. A follower relays "
+        "the leader's answer.",
         None,
         models.ReadIndex,
         [],
