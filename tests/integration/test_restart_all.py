@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from chronomq.aio import Client
-from chronomq.cluster.process.launcher import LocalCluster
+from chronomq.cluster.process.launcher import LocalCluster, wait_stopped
 from chronomq.errors import ChronomqError
 from chronomq.raftlog.journal import TORN_GROUPS, encode_record, header, read_file
 from chronomq.raftlog.store import Store
@@ -453,6 +453,7 @@ def test_cluster_up_ctrl_c_leaves_no_process_behind(tmp_path: Path) -> None:
         assert len(children) == 3, children
         # One node paused, as a debugger or a drill would leave it.
         os.kill(children[0], signal.SIGSTOP)
+        assert wait_stopped(children[0]), "the node did not stop"
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(timeout=30)
     finally:
