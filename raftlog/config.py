@@ -70,6 +70,7 @@ class RaftConfig:
     wire_compression_level: int = 0
     raft_min_timeout_ms: int = 1000
     raft_max_timeout_ms: int = 2000
+    raft_leader_lost_ms: int = 100  # a closed leader connection: pre-vote after this (0: off)
     connection_timeout_ms: int = 60_000
     connection_retry_ms: int = 1_000
     leader_fallback_timeout_ms: int = 3_000

@@ -217,14 +217,15 @@ class ReplicatedLog(CampaignHooks, TransferHooks, SnapshotHooks):
             # are durable first.
             self._sync_journal()
             self._campaign_gate()
-            marking = self._transfer_election_term is not None
-            if marking:
-                self._SyncObj__transport.vote_fields = {"transfer": True}
+            fields = self._vote_fields()
+            term_before = self._SyncObj__raftCurrentTerm
+            self._SyncObj__transport.vote_fields = fields
             try:
                 super()._onTick(0.0 if self._apply_behind else timeToWait)
             finally:
-                if marking:
-                    self._SyncObj__transport.vote_fields = None
+                self._SyncObj__transport.vote_fields = None
+                self._after_tick(term_before, fields)
+                if self._transfer_election_term is not None:
                     self._end_transfer_election()
             # Entries received in this tick's poll: synced, then acknowledged.
             self._sync_journal()
@@ -463,6 +464,7 @@ class ReplicatedLog(CampaignHooks, TransferHooks, SnapshotHooks):
             return
         if kind == "append_entries" and message.get("term", -1) >= self._SyncObj__raftCurrentTerm:
             self._leader_heard_s = _pso_monotonic()
+            self._heard_leader(node)
             # A message without the field (a leader that never sets it) is taken at its word.
             self.leader_lease = bool(message.get("lease", True))
             if self.removal is not None:
@@ -616,5 +618,11 @@ class ReplicatedLog(CampaignHooks, TransferHooks, SnapshotHooks):
             },
             "prevotes_started": self.prevotes_started,
             "prevotes_won": self.prevotes_won,
+            "fast_prevotes_started": self.fast_prevotes_started,
             "votes_ignored": self.votes_ignored,
+            "campaign": (
+                None
+                if self.campaign is None
+                else {"term": self.campaign[0], "detected_by": self.campaign[1]}
+            ),
         }

@@ -10,6 +10,7 @@ pysyncobj's state and sends the answers. A node removed from the cluster
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,13 +21,14 @@ from pysyncobj.syncobj import _RAFT_STATE
 
 from chronomq.raftlog import prevote
 from chronomq.raftlog.config import RaftConfig
-from chronomq.raftlog.prevote import LogPosition, PreVoteRound, VoterState
+from chronomq.raftlog.prevote import LeaderWatch, LogPosition, PreVoteRound, VoterState
 from chronomq.raftlog.removal import RemovalFile, RemovalNotice
 
 # One component, one logger: these lines are the Raft machine's.
 log = logging.getLogger("chronomq.raftlog.machine")
 
 _RAFT_STATE_LEADER = _RAFT_STATE.LEADER
+_RAFT_STATE_FOLLOWER = _RAFT_STATE.FOLLOWER
 
 
 class CampaignHooks(SyncObj):
@@ -39,6 +41,7 @@ class CampaignHooks(SyncObj):
     _SyncObj__raftElectionDeadline: float
     _SyncObj__raftLeader: Any
     _SyncObj__transport: Any
+    _SyncObj__connectedNodes: set[Any]
     # The machine's.
     _cfg: RaftConfig
     _transfer_election_term: int | None
@@ -57,12 +60,52 @@ class CampaignHooks(SyncObj):
         self.prevotes_started = 0
         self.prevotes_won = 0
         self.votes_ignored = 0
+        # The fast path: a leader whose connection closed (prevote.LeaderWatch).
+        self._leader_node: Any = None  # the member whose appends this node last took
+        self._watch = LeaderWatch(config.raft_leader_lost_ms / 1000)
+        self._prevote_fast = False  # the round in self._prevote is a fast one
+        self._fast_election_term: int | None = None  # a fast pre-vote won from this term
+        self.fast_prevotes_started = 0
+        #: Why this node last started an election: (the election's term, "connection_closed"
+        #: | "timeout" | "transfer"); None before its first.
+        self.campaign: tuple[int, str] | None = None
         if self.removal is not None:
             log.warning(
                 "this node was removed from the cluster (%s): it does not campaign and answers "
                 "410 removed_from_cluster until an operator adds it back",
                 self.removal.describe(),
             )
+
+    # ------------------------------------------------------------------ the leader's connection
+
+    def _SyncObj__onNodeDisconnected(self, node: Any) -> None:  # noqa: N802 - pysyncobj's name
+        super()._SyncObj__onNodeDisconnected(node)
+        if node is None or node != self._leader_node:
+            return
+        if self._SyncObj__raftState == _RAFT_STATE_LEADER or self.removal is not None:
+            return
+        window = self._watch.window_s
+        if window <= 0 or self._watch.lost_s is not None:
+            return
+        self._watch.closed(_pso_monotonic(), random.uniform(0, window))  # noqa: S311 - not a secret
+        log.info(
+            "the connection to leader %s closed: a pre-vote follows in %.0f ms unless it is back",
+            getattr(node, "id", node),
+            (self._watch.next_s - _pso_monotonic()) * 1000,
+        )
+
+    def _heard_leader(self, node: Any) -> None:
+        """An append from ``node`` at this node's term or later: it leads (Raft thread)."""
+        self._leader_node = node
+        self._watch.heard()
+
+    def _fast_round_due(self, now: float) -> bool:
+        node = self._leader_node
+        return (
+            node is not None
+            and self._transfer_election_term is None
+            and self._watch.due(now, node in self._SyncObj__connectedNodes)
+        )
 
     # ------------------------------------------------------------------ pre-vote
 
@@ -83,7 +126,8 @@ class CampaignHooks(SyncObj):
             self._SyncObj__raftElectionDeadline = now + self._cfg.raft_max_timeout_ms / 1000
             self._SyncObj__raftLeader = None
             return
-        if self._SyncObj__raftElectionDeadline >= now:
+        fast = self._fast_round_due(now)
+        if self._SyncObj__raftElectionDeadline >= now and not fast:
             return
         term = self._SyncObj__raftCurrentTerm
         if self._transfer_election_term is not None:
@@ -98,25 +142,38 @@ class CampaignHooks(SyncObj):
         if not others:
             self._election_allowed_term = term
             return
-        self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
-        # The leader went silent for an election timeout: forget it, as an election would.
-        self._SyncObj__raftLeader = None
+        if fast and self._SyncObj__raftElectionDeadline >= now:
+            # The leader's connection closed and it has not come back: ask now, and again
+            # each window while it stays lost; the election timer stays armed meanwhile.
+            self._watch.round_started(now)
+            expires = self._watch.next_s
+            self.fast_prevotes_started += 1
+        else:
+            self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
+            # The leader went silent for an election timeout: forget it, as an election would.
+            self._SyncObj__raftLeader = None
+            expires = self._SyncObj__raftElectionDeadline
+            fast = False
         self._prevote = PreVoteRound(
             term + 1,
             frozenset(n.id for n in others),
-            expires_s=self._SyncObj__raftElectionDeadline,
+            expires_s=expires,
         )
+        self._prevote_fast = fast
         self.prevotes_started += 1
-        message = {
+        message: dict[str, Any] = {
             "type": prevote.PRE_VOTE,
             "term": term + 1,
             "last_log_index": self._SyncObj__getCurrentLogIndex(),
             "last_log_term": self._SyncObj__getCurrentLogTerm(),
         }
+        if fast:
+            message["leader_lost"] = True
         for node in others:
             self._SyncObj__transport.send(node, message)
 
     def _voter_state(self) -> VoterState:
+        leader = self._leader_node
         return VoterState(
             current_term=self._SyncObj__raftCurrentTerm,
             last_log=LogPosition(
@@ -125,6 +182,7 @@ class CampaignHooks(SyncObj):
             leads=self._SyncObj__raftState == _RAFT_STATE_LEADER,
             leader_heard_s=self._leader_heard_s,
             stickiness_s=self._stickiness_s,
+            leader_connected=leader is None or leader in self._SyncObj__connectedNodes,
         )
 
     def _on_prevote(self, node: Any, message: dict[str, Any]) -> None:
@@ -136,15 +194,23 @@ class CampaignHooks(SyncObj):
         ):
             return
         assert isinstance(term, int) and isinstance(index, int) and isinstance(last_term, int)
+        leader_lost = message.get("leader_lost") is True
+        now = _pso_monotonic()
         refusal = (
             "this node was removed from the cluster"
             if self.removal is not None
             else prevote.prevote_refusal(
-                self._voter_state(), _pso_monotonic(), term, LogPosition(last_term, index)
+                self._voter_state(),
+                now,
+                term,
+                LogPosition(last_term, index),
+                leader_lost=leader_lost,
             )
         )
         if refusal is not None:
             log.debug("pre-vote for term %d from %s refused: %s", term, node.id, refusal)
+        elif leader_lost:
+            self._watch.granted_another(now)
         self._SyncObj__transport.send(
             node, {"type": prevote.PRE_VOTE_RESPONSE, "term": term, "granted": refusal is None}
         )
@@ -165,17 +231,45 @@ class CampaignHooks(SyncObj):
             self._prevote = None
             self.prevotes_won += 1
             self._election_allowed_term = term
+            self._fast_election_term = term if self._prevote_fast else None
             self._SyncObj__raftElectionDeadline = 0
 
     def _ignores_vote_request(self, message: dict[str, Any]) -> bool:
         if self.removal is not None:
             return True
         ignore = prevote.ignores_vote_request(
-            self._voter_state(), _pso_monotonic(), transfer=message.get("transfer") is True
+            self._voter_state(),
+            _pso_monotonic(),
+            transfer=message.get("transfer") is True,
+            leader_lost=message.get("leader_lost") is True,
         )
         if ignore:
             self.votes_ignored += 1
         return ignore
+
+    def _vote_fields(self) -> dict[str, Any] | None:
+        """The mark of the ``request_vote`` messages this tick's election would send."""
+        if self._transfer_election_term is not None:
+            return {"transfer": True}
+        if self._fast_election_term == self._SyncObj__raftCurrentTerm:
+            return {"leader_lost": True}
+        return None
+
+    def _after_tick(self, term_before: int, fields: dict[str, Any] | None) -> None:
+        """Note why this node started an election in this tick, if it did."""
+        term = self._SyncObj__raftCurrentTerm
+        if term == term_before or self._SyncObj__raftState == _RAFT_STATE_FOLLOWER:
+            return  # no election of this node's: another's term was adopted, or nothing
+        if fields is not None and fields.get("transfer"):
+            cause = "transfer"
+        elif fields is not None and fields.get("leader_lost"):
+            cause = "connection_closed"
+        else:
+            cause = "timeout"
+        self.campaign = (term, cause)
+        self._fast_election_term = None
+        self._watch.heard()
+        log.info("election for term %d started (%s)", term, cause.replace("_", " "))
 
     # ------------------------------------------------------------------ removal
 

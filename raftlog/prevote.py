@@ -10,6 +10,19 @@ counted, does it start the real election. A member answers no when
 * the candidate's log is behind its own (last term lower, or same term and shorter);
 * the proposed term is lower than its own.
 
+**A leader whose connection closed** (its process died: the kernel closes its sockets at once)
+need not be waited for an election timeout. A follower whose connection to its leader closed,
+and that heard nothing from it since, for :attr:`LeaderWatch.window_s` (plus a random part of
+it, so that two followers rarely start together), sends a pre-vote marked ``"leader_lost":
+True`` at once, and again each window while the leader stays lost, until its election timer
+takes over. A member grants such a pre-vote only when *it* does not hear that leader either: its
+own connection to it is down, or the leader has been silent for the stickiness window (as for
+any pre-vote). A member still connected to a leader it heard within the window refuses, and the
+leader refuses (it leads): a closed connection between one follower and a live leader never
+deposes it. The election that follows is marked ``"leader_lost": True`` too, and voters apply
+the same rule to it. A member that grants such a pre-vote holds back its own for a window (the
+asker will most likely win; two candidates at once would split the vote and cost a timeout).
+
 Neither side changes its term or its vote for a pre-vote. A node that cannot win (cut off,
 or removed from the cluster and not told yet) therefore keeps its term, and does not force
 an election when it comes back.
@@ -22,7 +35,8 @@ current leader asked for it), section 3.10.
 
 Messages (dicts on the authenticated Raft wire, as pysyncobj's own)::
 
-    {"type": "pre_vote", "term": proposed, "last_log_index": i, "last_log_term": t}
+    {"type": "pre_vote", "term": proposed, "last_log_index": i, "last_log_term": t,
+     "leader_lost": bool}  # the last field only on a fast pre-vote
     {"type": "pre_vote_response", "term": proposed, "granted": bool}
 
 Every member runs this: nodes of different versions do not form a cluster (the Raft hello
@@ -60,11 +74,16 @@ class VoterState:
     leads: bool
     leader_heard_s: float | None  # monotonic time of the last message from a leader
     stickiness_s: float
+    leader_connected: bool = True  # its connection to that leader is up
 
-    def leader_is_live(self, now_s: float) -> bool:
+    def leader_is_live(self, now_s: float, *, leader_lost: bool = False) -> bool:
+        """True when this member hears a live leader: it leads, or heard one within the
+        stickiness window; for a candidate that lost the leader's connection
+        (``leader_lost``), only while this member's own connection to it is up as well."""
         if self.leads:
             return True
-        return self.leader_heard_s is not None and now_s - self.leader_heard_s < self.stickiness_s
+        heard = self.leader_heard_s is not None and now_s - self.leader_heard_s < self.stickiness_s
+        return heard and (self.leader_connected or not leader_lost)
 
 
 def prevote_refusal(
@@ -72,11 +91,14 @@ def prevote_refusal(
     now_s: float,
     proposed_term: int,
     candidate_log: LogPosition,
+    *,
+    leader_lost: bool = False,
 ) -> str | None:
-    """Why ``voter`` would not vote for a candidate at ``proposed_term``; None: it would."""
+    """Why ``voter`` would not vote for a candidate at ``proposed_term``; None: it would.
+    ``leader_lost``: the candidate's connection to the leader closed (a fast pre-vote)."""
     if proposed_term < voter.current_term:
         return f"term {proposed_term} is behind this member's {voter.current_term}"
-    if voter.leader_is_live(now_s):
+    if voter.leader_is_live(now_s, leader_lost=leader_lost):
         return "this member hears from a live leader"
     if not candidate_log.at_least(voter.last_log):
         return (
@@ -86,9 +108,11 @@ def prevote_refusal(
     return None
 
 
-def ignores_vote_request(voter: VoterState, now_s: float, *, transfer: bool) -> bool:
+def ignores_vote_request(
+    voter: VoterState, now_s: float, *, transfer: bool, leader_lost: bool = False
+) -> bool:
     """Leader stickiness on a real ``request_vote``: True to drop it unanswered, term kept."""
-    return not transfer and voter.leader_is_live(now_s)
+    return not transfer and voter.leader_is_live(now_s, leader_lost=leader_lost)
 
 
 def stickiness_s(min_election_timeout_s: float, heartbeat_s: float) -> float:
@@ -124,3 +148,40 @@ class PreVoteRound:
 
     def expired(self, now_s: float) -> bool:
         return now_s >= self.expires_s
+
+
+@dataclass(slots=True)
+class LeaderWatch:
+    """When a follower whose connection to its leader closed may start a fast pre-vote.
+
+    :meth:`closed` when the connection to the leader closes (with a random ``jitter_s`` in
+    ``[0, window_s)``), :meth:`heard` on any message from a leader; :meth:`due` says when a
+    round may start: the leader still unheard and unconnected a window (plus the jitter) after
+    the close, and a window after the previous round or after this member granted another's.
+    """
+
+    window_s: float
+    lost_s: float | None = None  # when the leader's connection closed, None: not lost
+    next_s: float = 0.0  # no round before this
+    rounds: int = 0  # fast rounds started for this loss
+
+    def closed(self, now_s: float, jitter_s: float) -> None:
+        if self.window_s <= 0 or self.lost_s is not None:
+            return
+        self.lost_s = now_s
+        self.next_s = now_s + self.window_s + jitter_s
+        self.rounds = 0
+
+    def heard(self) -> None:
+        self.lost_s = None
+
+    def due(self, now_s: float, leader_connected: bool) -> bool:
+        return self.lost_s is not None and not leader_connected and now_s >= self.next_s
+
+    def round_started(self, now_s: float) -> None:
+        self.rounds += 1
+        self.next_s = now_s + self.window_s
+
+    def granted_another(self, now_s: float) -> None:
+        """This member granted another's fast pre-vote: let that one go first."""
+        self.next_s = max(self.next_s, now_s + self.window_s)

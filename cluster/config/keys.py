@@ -427,6 +427,17 @@ KEYS: tuple[Key, ...] = (
         max=120_000,
     ),
     Key(
+        "raft_leader_lost_ms",
+        int,
+        100,
+        "A follower whose connection to its leader closed (the leader's process died) and "
+        "that heard nothing from it for this long (plus a random part of it) asks for votes "
+        "at once instead of waiting out the election timeout; peers still hearing the leader "
+        "refuse. 0 turns the fast path off (silent failures always wait for the timeout).",
+        min=0,
+        max=60_000,
+    ),
+    Key(
         "connection_timeout_ms", int, 60_000, "Raft connection idle timeout.", min=100, max=600_000
     ),
     Key(

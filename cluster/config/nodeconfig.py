@@ -264,6 +264,7 @@ class NodeConfig:
     wire_compression_level: int
     raft_min_timeout_ms: int
     raft_max_timeout_ms: int
+    raft_leader_lost_ms: int
     connection_timeout_ms: int
     leader_fallback_timeout_ms: int
     leader_lease_ms: int
@@ -320,6 +321,10 @@ class NodeConfig:
         self._check_security()
         if self.raft_min_timeout_ms >= self.raft_max_timeout_ms:
             raise ConfigError("raft_max_timeout_ms", "must be greater than raft_min_timeout_ms")
+        if self.raft_leader_lost_ms >= self.raft_min_timeout_ms:
+            raise ConfigError(
+                "raft_leader_lost_ms", "must be less than raft_min_timeout_ms (0 turns it off)"
+            )
         if not self.grpc_port and self.http_port + 100 > 65535:
             raise ConfigError("grpc_port", "set it: http_port + 100 is not a port")
         if not self.fetch_port and self.raft_port + 1000 > 65535:
@@ -501,6 +506,7 @@ class NodeConfig:
             wire_compression_level=self.wire_compression_level,
             raft_min_timeout_ms=self.raft_min_timeout_ms,
             raft_max_timeout_ms=self.raft_max_timeout_ms,
+            raft_leader_lost_ms=self.raft_leader_lost_ms,
             connection_timeout_ms=self.connection_timeout_ms,
             leader_fallback_timeout_ms=self.leader_fallback_timeout_ms,
             leader_lease_ms=self.leader_lease_ms,

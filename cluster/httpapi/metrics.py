@@ -157,6 +157,11 @@ class MembershipCollector:
             ("prevotes_started", machine.prevotes_started, "pre-vote rounds this node started"),
             ("prevotes_won", machine.prevotes_won, "pre-vote rounds won (elections started)"),
             (
+                "fast_prevotes_started",
+                machine.fast_prevotes_started,
+                "pre-vote rounds started because the leader's connection closed",
+            ),
+            (
                 "votes_ignored",
                 machine.votes_ignored,
                 "vote requests ignored (a live leader was heard, or this node was removed)",

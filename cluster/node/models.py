@@ -272,6 +272,14 @@ class LeaderChange(Answer, rename={"from_": "from"}):
     election_ms: float | None
     from_: int | None
     to: int | None
+    detected_by: Annotated[
+        str | None,
+        Meta(
+            description="what made the new leader campaign: connection_closed (the old "
+            "leader's connection closed), timeout (it went silent) or transfer; null in a "
+            "node's view of another's election"
+        ),
+    ] = None
 
 
 class NodeStatus(Answer):

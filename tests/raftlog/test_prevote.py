@@ -3,6 +3,7 @@ hooks in :class:`ReplicatedLog` driven message by message with a fake transport.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,9 +12,12 @@ import pytest
 from pysyncobj.monotonic import monotonic
 from pysyncobj.transport import TCPNode
 
+from chronomq.raftlog import machine as machine_module
+from chronomq.raftlog import machine_campaign as campaign_module
 from chronomq.raftlog.config import RaftConfig, RaftPeer
 from chronomq.raftlog.machine import ReplicatedLog
 from chronomq.raftlog.prevote import (
+    LeaderWatch,
     LogPosition,
     PreVoteRound,
     VoterState,
@@ -251,3 +255,211 @@ def test_a_removed_node_never_campaigns_until_a_leader_sends_it_entries(
     )
     assert machine.removal is None
     assert RemovalFile(tmp_path / "raft").load() is None
+
+
+# ---------------------------------------------------------------------- a leader's connection closed
+
+
+def test_a_fast_prevote_is_granted_only_by_a_member_that_lost_the_leader_too() -> None:
+    connected = VoterState(5, LogPosition(5, 100), False, 10.0, 0.95, leader_connected=True)
+    lost = VoterState(5, LogPosition(5, 100), False, 10.0, 0.95, leader_connected=False)
+    leader = VoterState(5, LogPosition(5, 100), True, None, 0.95, leader_connected=True)
+    at = 10.02  # the leader was heard 20 ms ago by both
+    assert prevote_refusal(connected, at, 6, LogPosition(5, 100), leader_lost=True) is not None
+    assert prevote_refusal(lost, at, 6, LogPosition(5, 100), leader_lost=True) is None
+    assert prevote_refusal(leader, at, 6, LogPosition(5, 100), leader_lost=True) is not None
+    # Without the mark, the lost connection changes nothing: stickiness holds.
+    assert prevote_refusal(lost, at, 6, LogPosition(5, 100)) is not None
+    # The log check still applies.
+    assert prevote_refusal(lost, at, 6, LogPosition(5, 99), leader_lost=True) is not None
+    assert ignores_vote_request(connected, at, transfer=False, leader_lost=True)
+    assert not ignores_vote_request(lost, at, transfer=False, leader_lost=True)
+    assert ignores_vote_request(lost, at, transfer=False)
+
+
+def test_the_watch_waits_a_window_and_asks_again_each_window() -> None:
+    watch = LeaderWatch(0.1)
+    assert not watch.due(0.0, leader_connected=False)  # no leader lost
+    watch.closed(1.0, jitter_s=0.03)
+    assert not watch.due(1.125, leader_connected=False)
+    assert watch.due(1.135, leader_connected=False)
+    assert not watch.due(1.135, leader_connected=True)  # it came back
+    watch.round_started(1.135)
+    assert not watch.due(1.2, leader_connected=False)
+    assert watch.due(1.24, leader_connected=False)
+    watch.granted_another(1.24)  # another asked: let it go first
+    assert not watch.due(1.3, leader_connected=False)
+    assert watch.due(1.35, leader_connected=False)
+    watch.heard()
+    assert not watch.due(9.0, leader_connected=False)
+    off = LeaderWatch(0.0)
+    off.closed(1.0, jitter_s=0.0)
+    assert not off.due(9.0, leader_connected=False)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_closed_connection_never_deposes_a_live_leader(seed: int) -> None:
+    """Three members on a fake clock and a fake network with random delays: leader L is live
+    and sends heartbeats to B, its connection to A is down. A asks for fast pre-votes each
+    window for 10 s (simulated); it never gets a majority, whatever the delays."""
+    rng = random.Random(seed)
+    window, stickiness, heartbeat = 0.1, 0.95, 0.05
+    now = 0.0
+    b_heard = 0.0
+    a_watch = LeaderWatch(window)
+    a_watch.closed(now, rng.uniform(0, window))
+    leader = VoterState(5, LogPosition(5, 100), True, None, stickiness)
+    rounds = 0
+    next_heartbeat = 0.0
+    in_flight: list[tuple[float, str]] = []  # (arrives at, to whom) of A's pre-votes
+    while now < 10.0:
+        if now >= next_heartbeat:
+            # B hears L after a random delay under the window, never later than stickiness.
+            b_heard = now + rng.uniform(0, 0.04)
+            next_heartbeat = now + heartbeat
+        if a_watch.due(now, leader_connected=False):
+            a_watch.round_started(now)
+            rounds += 1
+            rnd = PreVoteRound(6, frozenset({"L", "B"}), expires_s=a_watch.next_s)
+            in_flight = [(now + rng.uniform(0, 0.2), "L"), (now + rng.uniform(0, 0.2), "B")]
+            for arrives, who in sorted(in_flight):
+                if who == "L":
+                    refusal = prevote_refusal(
+                        leader, arrives, 6, LogPosition(5, 100), leader_lost=True
+                    )
+                else:
+                    b = VoterState(5, LogPosition(5, 100), False, min(b_heard, arrives), stickiness)
+                    refusal = prevote_refusal(b, arrives, 6, LogPosition(5, 100), leader_lost=True)
+                rnd.record(who, 6, refusal is None)
+            assert not rnd.won, f"seed {seed}: a live leader lost a pre-vote at {now:.2f} s"
+        now += rng.uniform(0.001, 0.02)
+    assert rounds >= 10, f"seed {seed}: only {rounds} fast rounds in 10 s"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = monotonic()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(machine_module, "_pso_monotonic", fake)
+    monkeypatch.setattr(campaign_module, "_pso_monotonic", fake)
+    return fake
+
+
+def _follow(machine: ReplicatedLog, leader: TCPNode) -> None:
+    """``machine`` connected to ``leader`` and taking its heartbeats; no timer of its own."""
+    machine._SyncObj__connectedNodes.add(leader)
+    machine._SyncObj__onMessageReceived(
+        leader, {"type": "append_entries", "term": machine.raftCurrentTerm, "commit_index": 0}
+    )
+    machine._SyncObj__raftElectionDeadline = float("inf")  # (an append re-arms it)
+
+
+def test_a_closed_leader_connection_starts_a_marked_election_at_once(
+    member: tuple[ReplicatedLog, FakeWire], clock: FakeClock
+) -> None:
+    machine, wire = member
+    leader, other = _peers(machine)
+    term = machine.raftCurrentTerm
+    _follow(machine, leader)
+    machine._SyncObj__onNodeDisconnected(leader)
+    machine._onTick(0.0)
+    assert not wire.of("pre_vote")  # not before the window
+    clock.now += 0.2 + 0.001  # the window and its largest random part
+    machine._onTick(0.0)
+    prevotes = wire.of("pre_vote")
+    assert len(prevotes) == 2 and all(m["leader_lost"] is True for _, m in prevotes)
+    assert machine._SyncObj__raftElectionDeadline == float("inf")  # the timer is left alone
+    machine._SyncObj__onMessageReceived(
+        other, {"type": "pre_vote_response", "term": term + 1, "granted": True}
+    )
+    machine._onTick(0.0)
+    assert machine.raftCurrentTerm == term + 1
+    votes = wire.of("request_vote")
+    assert len(votes) == 2 and all(m["leader_lost"] is True for _, m in votes)
+    assert machine.campaign == (term + 1, "connection_closed")
+
+
+def test_a_refused_fast_prevote_is_asked_again_a_window_later(
+    member: tuple[ReplicatedLog, FakeWire], clock: FakeClock
+) -> None:
+    machine, wire = member
+    leader, other = _peers(machine)
+    term = machine.raftCurrentTerm
+    _follow(machine, leader)
+    machine._SyncObj__onNodeDisconnected(leader)
+    clock.now += 0.201
+    machine._onTick(0.0)
+    for node in (leader, other):
+        machine._SyncObj__onMessageReceived(
+            node, {"type": "pre_vote_response", "term": term + 1, "granted": False}
+        )
+    machine._onTick(0.0)
+    assert machine.raftCurrentTerm == term and len(wire.of("pre_vote")) == 2
+    clock.now += 0.101
+    machine._onTick(0.0)
+    assert len(wire.of("pre_vote")) == 4
+    # The leader is heard again (the connection came back): no more rounds.
+    _follow(machine, leader)
+    clock.now += 1.0
+    machine._onTick(0.0)
+    assert len(wire.of("pre_vote")) == 4
+    assert machine.raftCurrentTerm == term
+
+
+def test_a_leader_heard_again_within_the_window_starts_nothing(
+    member: tuple[ReplicatedLog, FakeWire], clock: FakeClock
+) -> None:
+    machine, wire = member
+    leader, _other = _peers(machine)
+    _follow(machine, leader)
+    machine._SyncObj__onNodeDisconnected(leader)
+    clock.now += 0.05
+    _follow(machine, leader)
+    clock.now += 1.0
+    machine._onTick(0.0)
+    assert not wire.of("pre_vote")
+
+
+def test_a_member_still_connected_to_its_leader_refuses_the_fast_path(
+    member: tuple[ReplicatedLog, FakeWire], clock: FakeClock
+) -> None:
+    machine, wire = member
+    leader, candidate = _peers(machine)
+    term = machine.raftCurrentTerm
+    _follow(machine, leader)
+    ask = {
+        "type": "pre_vote",
+        "term": term + 1,
+        "last_log_index": 99,
+        "last_log_term": 99,
+        "leader_lost": True,
+    }
+    machine._SyncObj__onMessageReceived(candidate, ask)
+    assert wire.of("pre_vote_response")[-1][1]["granted"] is False
+    vote = {
+        "type": "request_vote",
+        "term": term + 1,
+        "last_log_index": 99,
+        "last_log_term": 99,
+        "leader_lost": True,
+    }
+    machine._SyncObj__onMessageReceived(candidate, vote)
+    assert machine.raftCurrentTerm == term and not wire.of("response_vote")
+    # Its own connection to the leader closes: it grants, and holds back its own round.
+    machine._SyncObj__onNodeDisconnected(leader)
+    clock.now += 0.19
+    machine._SyncObj__onMessageReceived(candidate, ask)
+    assert wire.of("pre_vote_response")[-1][1]["granted"] is True
+    clock.now += 0.05  # past its own round's latest start, within a window of the grant
+    machine._onTick(0.0)
+    assert not wire.of("pre_vote")  # it let the candidate go first
+    machine._SyncObj__onMessageReceived(candidate, vote)
+    assert machine.raftCurrentTerm == term + 1
+    assert wire.of("response_vote")

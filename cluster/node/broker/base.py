@@ -148,13 +148,23 @@ class BrokerBase:
             if seen is not None or election_ms is not None:
                 self.leader_changes_total += 1
             self._leaderless_since = None
+            term = self.raftlog.machine.raftCurrentTerm
+            campaign = self.raftlog.machine.campaign
             self.leader_changes.append(
                 {
                     "at_ms": self.raftlog.clock.now_ms(),
                     "from": self.node_id_of(seen),
                     "to": self.node_id_of(leader),
-                    "term": self.raftlog.machine.raftCurrentTerm,
+                    "term": term,
                     "election_ms": election_ms,
+                    # What made this node campaign, when it is the one that won.
+                    "detected_by": (
+                        campaign[1]
+                        if campaign is not None
+                        and campaign[0] == term
+                        and self.node_id_of(leader) == self.config.node_id
+                        else None
+                    ),
                 }
             )
             log.info(
