@@ -80,6 +80,9 @@ class CheckResult:
     rto_s: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
     produce_rto_s: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
     leaderless_s: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
+    detected_by: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per fault type: how the new leaders noticed the old one was gone (connection_closed,
+    timeout, transfer), counted over the elections the faults caused."""
     faults: list[dict[str, Any]] = field(default_factory=list)
     lost_after_faults: int = 0
     lost_after_consumed: int = 0
@@ -114,6 +117,7 @@ class CheckResult:
             "rto_s": self.rto_s,
             "produce_rto_s": self.produce_rto_s,
             "leaderless_s": self.leaderless_s,
+            "detected_by": self.detected_by,
             "faults": self.faults,
             "lost_after_faults": self.lost_after_faults,
             "lost_after_consumed": self.lost_after_consumed,
@@ -177,6 +181,7 @@ def check(
     final: set[str] | None = None
     final_copies: Counter[str] = Counter()  # how many positions of the final read hold each
     ends: list[tuple[str, int]] = []
+    detected: dict[str, Counter[str]] = defaultdict(Counter)
     rewinds = 0
 
     def msg(token: str) -> _Message:
@@ -226,6 +231,8 @@ def check(
             ends.append((str(rec.get("fault")), int(rec["t_ms"])))
         elif op == "fault" and kind == "disruption":
             disruptions.append(dict(rec))
+        elif op == "fault" and kind == "elected":
+            detected[str(rec.get("fault"))][str(rec.get("detected_by"))] += 1
 
     result = CheckResult(faults=faults, delivery=delivery, rewinds=rewinds)
     examples: dict[str, list[str]] = defaultdict(list)
@@ -297,6 +304,7 @@ def check(
     marks = recovery_marks(faults, disruptions)
     result.rto_s, result.produce_rto_s = _recovery(marks, messages, produce_oks)
     result.leaderless_s = _leaderless(disruptions)
+    result.detected_by = {name: dict(sorted(c.items())) for name, c in sorted(detected.items())}
     return result
 
 

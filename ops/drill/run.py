@@ -47,7 +47,9 @@ from chronomq.cluster.process.launcher import STOP_TIMEOUT_S, LocalCluster, pars
 from chronomq.errors import RequestError
 from chronomq.ops.drill import faults as faultlib
 from chronomq.ops.drill import netns
+from chronomq.ops.drill.admin import STATUS_TIMEOUT_S
 from chronomq.ops.drill.checker import SAFETY, check
+from chronomq.ops.drill.context import blocking
 from chronomq.ops.drill.grpc_workload import GrpcWorkload
 from chronomq.ops.drill.history import History, now_ms, read_history
 from chronomq.ops.drill.interrupt import (
@@ -224,6 +226,18 @@ async def _start_workload(
     return workload
 
 
+async def _note_election(ctx: faultlib.FaultContext, name: str, since_ms: int, leader: int) -> None:
+    """Record what made ``leader`` campaign, when it was elected during fault ``name``: its
+    status says ``detected_by`` (connection_closed, timeout, transfer) in its leader changes."""
+    status = await blocking(ctx.cluster.node_status, leader, STATUS_TIMEOUT_S)
+    for change in reversed((status or {}).get("leader_changes") or []):
+        if int(change.get("at_ms") or 0) < since_ms:
+            break
+        if change.get("to") == leader and change.get("detected_by"):
+            ctx.record("elected", fault=name, node=leader, detected_by=change["detected_by"])
+            return
+
+
 def _recorder(history: History, events: Any) -> Callable[..., None]:
     """A fault's ``record(type, **detail)``: to the history, the drill's event log and, for
     starts and disruptions, a progress line."""
@@ -283,6 +297,7 @@ async def _run_faults(
             if over and set(order) <= set(found["faults_run"]):
                 break
             await state.enter(f"fault {name}")
+            since_ms = now_ms()
             detail = await faultlib.inject(name, ctx)
             found["faults_run"].append(name)
             if name in faultlib.POWER:
@@ -290,7 +305,8 @@ async def _run_faults(
             found["findings"].extend(f"{name}: {f}" for f in detail.get("findings", []))
             found["skew_allowance_ms"] = ctx.skew_ms + 50 if ctx.skew_ms else 0
             await state.enter("quiet")
-            await faultlib.wait_leader(ctx.cluster, 60)
+            leader = await faultlib.wait_leader(ctx.cluster, 60)
+            await _note_election(ctx, name, since_ms, leader)
             await asyncio.sleep(QUIET_S)
     except (RuntimeError, TimeoutError) as exc:
         # A node that exits by itself, or a cluster that stays leaderless, ends the faults;
@@ -567,16 +583,25 @@ def _table(result: dict[str, Any]) -> None:
         print()
         print(
             f"{'fault'.ljust(18)}  {'n':>3}  {'RTO min':>8}  {'median':>8}  {'max':>8}  "
-            f"{'produce median':>14}  leaderless median/max"
+            f"{'produce median':>14}  {'leaderless median/max':<21}  detected by"
         )
         for name, r in result["rto_s"].items():
             p = result["produce_rto_s"].get(name, {})
             gap = result.get("leaderless_s", {}).get(name)
+            gaps = f"{gap['median']} / {gap['max']}" if gap else "-"
             print(
                 f"{name.ljust(18)}  {r['n']:>3}  {r['min']!s:>8}  {r['median']!s:>8}  "
-                f"{r['max']!s:>8}  {p.get('median')!s:>14}  "
-                + (f"{gap['median']} / {gap['max']}" if gap else "-")
+                f"{r['max']!s:>8}  {p.get('median')!s:>14}  {gaps:<21}  "
+                + _detected(result.get("detected_by", {}).get(name))
             )
+
+
+def _detected(counts: dict[str, int] | None) -> str:
+    """``connection_closed 8, timeout 1``: how the new leaders noticed, over a fault's
+    elections; ``-`` when none was elected."""
+    if not counts:
+        return "-"
+    return ", ".join(f"{cause} {n}" for cause, n in counts.items())
 
 
 def _power_table(result: dict[str, Any]) -> None:

@@ -119,6 +119,26 @@ def test_recovery_time_after_each_fault() -> None:
     assert r.produce_rto_s["kill-leader"]["min"] == 0.105
 
 
+def test_how_each_new_leader_noticed_is_counted_per_fault() -> None:
+    h = [
+        {"op": "fault", "type": "start", "fault": "kill-leader", "t_ms": 10_000},
+        {"op": "fault", "type": "elected", "fault": "kill-leader", "node": 1,
+         "detected_by": "connection_closed", "t_ms": 11_000},
+        {"op": "fault", "type": "start", "fault": "kill-leader", "t_ms": 20_000},
+        {"op": "fault", "type": "elected", "fault": "kill-leader", "node": 2,
+         "detected_by": "connection_closed", "t_ms": 21_000},
+        {"op": "fault", "type": "start", "fault": "partition-leader", "t_ms": 30_000},
+        {"op": "fault", "type": "elected", "fault": "partition-leader", "node": 0,
+         "detected_by": "timeout", "t_ms": 32_000},
+    ]  # fmt: skip
+    r = check(h)
+    assert r.detected_by == {
+        "kill-leader": {"connection_closed": 2},
+        "partition-leader": {"timeout": 1},
+    }
+    assert r.as_dict()["detected_by"] == r.detected_by
+
+
 def test_history_file_round_trip_ignores_a_torn_tail(tmp_path: Path) -> None:
     h = History(tmp_path / "h.jsonl")
     h.add("produce", "invoke", token="a", kind="plain")
