@@ -65,6 +65,8 @@ SAFETY = ("lost", "duplicated", "early", "unexpected", "cancelled_delivered")
 class CheckResult:
     produced: int = 0
     acknowledged: int = 0
+    produce_errors: int = 0
+    """Produces whose last answer was an error or unknown (the client gave up retrying)."""
     consumed: int = 0
     lost: int = 0
     duplicated: int = 0
@@ -104,6 +106,7 @@ class CheckResult:
         return {
             "produced": self.produced,
             "acknowledged": self.acknowledged,
+            "produce_errors": self.produce_errors,
             "consumed": self.consumed,
             "lost": self.lost,
             "duplicated": self.duplicated,
@@ -251,6 +254,8 @@ def check(
                 result.cancelled_delivered += 1
                 examples["cancelled_delivered"].append(m.token)
             continue
+        if m.outcome in ("fail", "unknown"):
+            result.produce_errors += 1
         if m.outcome == "ok":
             result.acknowledged += 1
             gone = final is not None and m.token not in final

@@ -6,6 +6,8 @@ name               what happens
 kill-leader        SIGKILL the leader; restart it on the same data after ``hold_s``
 kill-follower      SIGKILL a random follower; restart it after ``hold_s``
 kill-random        SIGKILL any node; restart it after ``hold_s``
+stop-leader        SIGTERM the leader (a graceful stop: it hands the leadership over first);
+                   restart it after ``hold_s``
 pause-leader       SIGSTOP the leader for 0.25 s (under the election timeout) or 3 s (over it),
                    alternating; then SIGCONT: it wakes up as a stale leader
 partition-leader   cut the leader from every other node (root, network namespaces)
@@ -70,6 +72,7 @@ ALL_FAULTS = (
     "kill-leader",
     "kill-follower",
     "kill-random",
+    "stop-leader",
     "pause-leader",
     *PARTITIONS,
     "clock-skew",
@@ -112,10 +115,12 @@ async def inject(name: str, ctx: FaultContext) -> dict[str, Any]:
     return await handler(ctx)
 
 
-async def _kill(ctx: FaultContext, name: str, node: int) -> dict[str, Any]:
+async def _kill(
+    ctx: FaultContext, name: str, node: int, sig: int = signal.SIGKILL
+) -> dict[str, Any]:
     c = ctx.cluster
     ctx.record("start", fault=name, node=node)
-    await blocking(c.kill, node, signal.SIGKILL)
+    await blocking(c.kill, node, sig)
     await ctx.enter(f"{name} held")
     await asyncio.sleep(ctx.hold_s)
     await ctx.enter("healing")
@@ -126,6 +131,10 @@ async def _kill(ctx: FaultContext, name: str, node: int) -> dict[str, Any]:
 
 async def kill_leader(ctx: FaultContext) -> dict[str, Any]:
     return await _kill(ctx, "kill-leader", await ctx.leader())
+
+
+async def stop_leader(ctx: FaultContext) -> dict[str, Any]:
+    return await _kill(ctx, "stop-leader", await ctx.leader(), signal.SIGTERM)
 
 
 async def kill_follower(ctx: FaultContext) -> dict[str, Any]:
@@ -263,6 +272,7 @@ _FAULTS: dict[str, Callable[[FaultContext], Coroutine[Any, Any, dict[str, Any]]]
     "kill-leader": kill_leader,
     "kill-follower": kill_follower,
     "kill-random": kill_random,
+    "stop-leader": stop_leader,
     "pause-leader": pause_leader,
     "partition-leader": partition_leader,
     "isolate-follower": isolate_follower,

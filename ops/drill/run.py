@@ -559,6 +559,7 @@ def _table(result: dict[str, Any]) -> None:
         ("seed", result["seed"]),
         ("produced", result["produced"]),
         ("acknowledged", result["acknowledged"]),
+        ("produce errors", result.get("produce_errors", 0)),
         ("consumed", result["consumed"]),
         *[(name, result[name]) for name in SAFETY],
         ("recovered", result["recovered"]),

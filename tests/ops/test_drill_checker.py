@@ -139,6 +139,18 @@ def test_how_each_new_leader_noticed_is_counted_per_fault() -> None:
     assert r.as_dict()["detected_by"] == r.detected_by
 
 
+def test_produces_that_ended_in_an_error_or_unknown_are_counted() -> None:
+    h = [
+        *produce("a", 1000),
+        *produce("b", 1000, outcome="fail"),
+        *produce("c", 1000, outcome="unknown"),
+        consume("a", 1500, 1400, 0),
+    ]
+    r = check(h)
+    assert r.produce_errors == 2 and r.acknowledged == 1
+    assert r.as_dict()["produce_errors"] == 2
+
+
 def test_history_file_round_trip_ignores_a_torn_tail(tmp_path: Path) -> None:
     h = History(tmp_path / "h.jsonl")
     h.add("produce", "invoke", token="a", kind="plain")
