@@ -9,9 +9,14 @@ so a retry must reuse the idempotency key, which apply honours).
 
 Answers tell the truth: :class:`NotLeader` only for a batch that was never proposed (or whose
 entry was replaced by another leader's), :class:`CommitOutcomeUnknown` for one proposed when
-leadership changed or lapsed. Back-pressure counts messages and bytes: a batch is refused with
-:class:`Overloaded` while ``max_pending_messages`` or ``max_pending_bytes`` are held, the bytes
-counting every batch from submission until it is answered (queued or in flight).
+leadership changed or lapsed. Back-pressure counts messages, bytes and time: a batch is refused
+with :class:`Overloaded` while ``max_pending_messages`` or ``max_pending_bytes`` are held, the
+bytes counting every batch from submission until it is answered (queued or in flight), and
+while the oldest batch not yet answered has waited more than a quarter of the commit timeout.
+The byte bound assumes a commit rate; on a machine that commits slower than that (a disk busy
+with another's writes, the cores with another's work) what it admits would wait past the
+timeout and be answered 503 ``commit_timeout``, outcome unknown. The age bound refuses new
+batches (429, nothing stored) as soon as commits fall that far behind, whatever the rate.
 """
 
 from __future__ import annotations
@@ -74,6 +79,11 @@ class _InFlight:
     deadline: float
     proposed: float
     size: int = 0
+
+    @property
+    def oldest(self) -> float:
+        """When its first batch (the one that waited longest: the queue is FIFO) came in."""
+        return self.batches[0].submitted if self.batches else self.proposed
 
 
 def split_batch(batch: PendingBatch, max_command_bytes: int) -> list[PendingBatch]:
@@ -215,6 +225,8 @@ class GroupCommitter:
         self._bytes_lock = threading.Lock()
         self._pending_bytes = 0  # blobs of batches submitted and not yet answered
         self._timeout_s = commit_timeout_ms / 1000
+        #: New batches are refused while the oldest unanswered one has waited longer.
+        self.max_behind_s = self._timeout_s / 4
         self._now_ms = now_ms
         self._idem = idem
         self._cond = threading.Condition()
@@ -241,6 +253,9 @@ class GroupCommitter:
                 raise Overloaded(
                     f"{self._queued_messages} messages are waiting for commit (limit {self._max_pending})"
                 )
+            behind = self._behind_s(time.monotonic())
+            if behind > self.max_behind_s:
+                raise Overloaded(self._behind_reason(behind))
             size = len(batch.blob)
             with self._bytes_lock:
                 held = self._pending_bytes
@@ -277,6 +292,28 @@ class GroupCommitter:
         limit = self._max_pending_bytes
         held = self._pending_bytes
         return limit is not None and held > 0 and held + size > limit
+
+    def _behind_s(self, now: float) -> float:
+        """How long the oldest batch not yet answered has waited (0 when none); under
+        ``self._cond``."""
+        if self._inflight:
+            return now - next(iter(self._inflight.values())).oldest
+        if self._queue:
+            return now - self._queue[0].submitted
+        return 0.0
+
+    def _behind_reason(self, behind: float) -> str:
+        return (
+            f"commits are {behind:.1f} s behind: the oldest write not yet committed waited that "
+            f"long (limit {self.max_behind_s:.1f} s, a quarter of commit_timeout_ms)"
+        )
+
+    def behind(self) -> str | None:
+        """Why a new batch would now be refused for time, or None: the check of
+        :meth:`submit`, early (before a request body is read)."""
+        with self._cond:
+            behind = self._behind_s(time.monotonic())
+        return self._behind_reason(behind) if behind > self.max_behind_s else None
 
     @property
     def queued_messages(self) -> int:

@@ -342,7 +342,8 @@ KEYS: tuple[Key, ...] = (
         "commit_timeout_ms",
         int,
         10_000,
-        "How long a produce waits for its commit.",
+        "How long a produce waits for its commit. Writes are refused (429 overloaded) while "
+        "the oldest one not yet committed has waited a quarter of it.",
         min=100,
         max=600_000,
     ),

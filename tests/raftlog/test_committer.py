@@ -253,6 +253,28 @@ def test_pending_bytes_are_bounded_and_released(raft: InProcessRaft) -> None:
         gc.close()
 
 
+def test_new_batches_are_refused_while_commits_are_behind(raft: InProcessRaft) -> None:
+    """Whatever the bytes held, a batch is refused (429, nothing stored) once the oldest one
+    not yet answered has waited a quarter of the commit timeout: admitted, it would wait past
+    the timeout on a node that commits that slowly, and be answered "outcome unknown"."""
+    raft.hold_first.clear()
+    gc = committer(raft, max_inflight=4)
+    assert gc.max_behind_s == 2.5  # a quarter of commit_timeout_ms
+    gc.max_behind_s = 0.05
+    try:
+        first = gc.submit(batch("first", [b"x"]))
+        wait_until(lambda: len(raft.commands) == 1, WAIT_S, "the first command")
+        wait_until(lambda: gc.behind() is not None, WAIT_S, "commits to fall behind")
+        with pytest.raises(Overloaded, match="behind"):
+            gc.submit(batch("b", [b"y"]))
+        raft.hold_first.set()
+        assert first.result(WAIT_S).status == OK
+        wait_until(lambda: gc.behind() is None, WAIT_S, "commits to catch up")
+        assert gc.submit(batch("c", [b"z"])).result(WAIT_S).status == OK
+    finally:
+        gc.close()
+
+
 def test_split_batch_keeps_whole_messages_and_derives_keys() -> None:
     b = batch("k", [b"a" * 300, b"b" * 300, b"c" * 900, b"d" * 10], fingerprint="f" * 32)
     b.creates = {"t": 2}

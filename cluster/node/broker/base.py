@@ -287,15 +287,19 @@ class BrokerBase:
     def hold_request(self, size: int) -> Iterator[None]:
         """Count a produce request's ``size`` bytes (its declared body) while it is read,
         parsed and committed; refuse it at once with 429 (:class:`Overloaded`) when they and
-        the bytes of the produce requests already held pass ``max_pending_bytes``. One request
-        alone is always taken (``max_request_bytes`` bounds it). The group committer applies
-        the same limit to the encoded batches of every writer (deliveries included)."""
+        the bytes of the produce requests already held pass ``max_pending_bytes``, or while
+        commits are behind (:meth:`GroupCommitter.behind`). One request alone is always taken
+        (``max_request_bytes`` bounds it). The group committer applies the same limits to the
+        encoded batches of every writer (deliveries included)."""
         limit = self.raftlog.config.max_pending_bytes
         held = self._held_request_bytes
         if held and held + size > limit:
             raise Overloaded(
                 f"{held} bytes of produce requests are held (max_pending_bytes {limit})"
             )
+        behind = self.raftlog.committer.behind()
+        if behind is not None:
+            raise Overloaded(behind)
         self._held_request_bytes += size
         try:
             yield
