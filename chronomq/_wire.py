@@ -26,6 +26,15 @@ BACKOFF_MAX_S = 0.25
 """The longest back-off between two attempts without a ``Retry-After``: a failover is over in
 one to two seconds, and a longer wait would only add to what a producer sees of it (the drills
 measure time to the next delivery through this client)."""
+LEADER_CHANGE_CODES = frozenset({"not_leader", "no_leader", "leader_unreachable"})
+"""503 answers of a change of leader: the node asked does not lead (and names the leader when
+it knows it), knows none yet, or cannot reach the one it knew."""
+LEADER_CHANGE_S = 3.0
+"""How long a request looks for a new leader in short steps: an election is over within the
+longest election timeout (2 s) and a round trip. Past that the cluster has no leader for
+longer (no quorum), and the node's ``Retry-After`` is waited out again."""
+LEADER_POLL_MAX_S = 0.05
+"""The longest step while no leader is known, within :data:`LEADER_CHANGE_S`."""
 LEADER_HEADER = "X-Chronomq-Leader"
 USER_AGENT = "chronomq-python"
 
@@ -125,6 +134,12 @@ class Attempts:
     ``pinned`` to one node (its own view: ``/v1/admin/node``, a pull from that node) goes
     nowhere else.
 
+    A change of leader (:data:`LEADER_CHANGE_CODES`) is not waited out: an answer that names
+    the new leader sends the next attempt there at once (at most once per node in a row, so
+    nodes naming each other cannot spin), and while no leader is known the next attempt comes
+    after at most :data:`LEADER_POLL_MAX_S`, for :data:`LEADER_CHANGE_S`; the node's
+    ``Retry-After`` (1 s, for clients that cannot follow) is waited out only after that.
+
     ``limit`` caps the number of attempts (None: as many as the deadline allows). A caller
     that wants one answer from one node, or counts no answer as a finding (a drill), asks for
     ``limit=1``: the first failure that would be retried ends the request with its error.
@@ -149,6 +164,8 @@ class Attempts:
         self.attempt = 0
         self._rng = rng
         self._last: ChronomqError | None = None
+        self._leaderless_since: float | None = None
+        self._followed = 0  # attempts sent at once to a named leader, in a row
 
     def target(self) -> str:
         return self.pinned or self.nodes.target(self.write)
@@ -173,24 +190,67 @@ class Attempts:
         if status not in RETRYABLE_STATUS and not removed:
             raise error
         self.nodes.failed(base)
-        if isinstance(hinted, str) and hinted.startswith(("http://", "https://")):
+        named = isinstance(hinted, str) and hinted.startswith(("http://", "https://"))
+        if isinstance(hinted, str) and named:
             self.nodes.learnt_leader(hinted)
-        return self._wait(error, retry_after_s(header("Retry-After")), now)
+        retry_after = retry_after_s(header("Retry-After"))
+        if status == 503 and error.code in LEADER_CHANGE_CODES:
+            return self._leader_change(error, base, named, retry_after, now)
+        self._followed = 0
+        return self._wait(error, retry_after, now)
+
+    def _leader_change(
+        self,
+        error: ChronomqError,
+        base: str,
+        named: bool,
+        retry_after: float | None,
+        now: float,
+    ) -> Wait:
+        """The next attempt after ``base`` answered that it does not lead: at once to the
+        leader the answer ``named``, else after a short step (see the class)."""
+        if self._leaderless_since is None:
+            self._leaderless_since = now
+        leader = self.nodes.leader if named else None
+        if (
+            leader is not None
+            and leader != base
+            and self.target() == leader
+            and self._followed < len(self.nodes.urls)
+        ):
+            self._followed += 1
+            return self._wait(error, None, now, step_s=0.0)
+        self._followed = 0
+        if now - self._leaderless_since >= LEADER_CHANGE_S:
+            return self._wait(error, retry_after, now)
+        step_s = min(BACKOFF_FIRST_S * 2**self.attempt, LEADER_POLL_MAX_S)
+        return self._wait(error, None, now, step_s=step_s * (0.5 + 0.5 * self._rng()))
 
     def failed(self, base: str, exc: BaseException, now: float) -> Wait:
         """The request to ``base`` got no answer (refused, reset, timed out, not JSON)."""
         self.nodes.failed(base)
+        self._followed = 0
         error = UnavailableError(f"{base} did not answer: {type(exc).__name__}: {exc}")
         error.__cause__ = exc
         return self._wait(error, None, now)
 
-    def _wait(self, error: ChronomqError, retry_after: float | None, now: float) -> Wait:
+    def _wait(
+        self,
+        error: ChronomqError,
+        retry_after: float | None,
+        now: float,
+        step_s: float | None = None,
+    ) -> Wait:
+        """The wait before the next attempt: ``step_s`` when given, else ``Retry-After``
+        when the node sent one, else the exponential back-off."""
         self._last = error
         self.attempt += 1
         if self.limit is not None and self.attempt >= self.limit:
             raise self._final_error()
         backoff = min(BACKOFF_FIRST_S * 2**self.attempt, BACKOFF_MAX_S) * (0.5 + self._rng())
-        if retry_after is not None:
+        if step_s is not None:
+            backoff = step_s
+        elif retry_after is not None:
             # The node said when to come back; sooner would only add to its load.
             backoff = retry_after * (1 + 0.1 * self._rng())
         if now + backoff > self.deadline:

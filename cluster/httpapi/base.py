@@ -92,13 +92,20 @@ async def forward_to_leader(
     if broker.raftlog.is_leader:
         return None
     leader = broker.leader_url()
-    if (
-        leader is None
-        or leader == broker.config.http_url
-        or request.headers.get("X-Chronomq-Forwarded")
-    ):
+    if leader is None or leader == broker.config.http_url:
         raise ApiError(
             503, "no_leader", "no leader is known yet; retry shortly", None, {"Retry-After": "1"}
+        )
+    if request.headers.get("X-Chronomq-Forwarded"):
+        # Forwarded here by a node that took this one for the leader: forwarding again could
+        # loop, so the answer names the leader, and the client goes there.
+        raise ApiError(
+            503,
+            "not_leader",
+            f"this node does not lead; the leader is {leader}",
+            None,
+            {"Retry-After": "1"},
+            {"leader": leader},
         )
     headers = {h: request.headers[h] for h in _FORWARD_HEADERS if h in request.headers}
     headers["X-Chronomq-Forwarded"] = broker.config.http_url

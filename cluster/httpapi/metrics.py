@@ -75,7 +75,7 @@ class Metrics:
         )
         self.transfers = Counter(
             "chronomq_leadership_transfers",
-            "Leadership transfers asked of this node while it led, by result",
+            "Leadership transfers this node tried while it led (asked, or before stopping), by result",
             ["result"],
             registry=r,
         )

@@ -1,7 +1,9 @@
 """``chronomq node --config FILE``: run one broker node until SIGTERM or SIGINT.
 
-Shutdown is graceful: stop accepting requests, let in-flight commits finish, flush and close
-the store, drain the ops logs (:mod:`chronomq.cluster.logs.nodelogs`), exit 0. It is also bounded: whatever
+Shutdown is graceful: a leader hands its leadership to the most caught-up follower while it
+still serves (bounded by :data:`chronomq.cluster.process.stopping.HAND_OVER_TIMEOUT_S`; a
+single node, or one whose followers are down, skips it), so writers go on with the new leader
+at once; then stop accepting requests, let in-flight commits finish, flush and close the store, drain the ops logs (:mod:`chronomq.cluster.logs.nodelogs`), exit 0. It is also bounded: whatever
 state the node is in (starting, restoring, stuck), it is gone within
 :data:`chronomq.cluster.process.stopping.STOP_DEADLINE_S` of the signal (:mod:`chronomq.cluster.process.stopping`).
 """
@@ -31,7 +33,7 @@ from chronomq.cluster.node.broker import Broker
 from chronomq.cluster.node.services import close_services, start_services
 from chronomq.cluster.process import fdbudget, malloc
 from chronomq.cluster.process.fdbudget import FdBudget
-from chronomq.cluster.process.stopping import StopSignals
+from chronomq.cluster.process.stopping import HAND_OVER_TIMEOUT_S, StopSignals
 from chronomq.cluster.rocketmq.endpoint import GrpcEndpoint
 from chronomq.raftlog.catchup import ListenError
 from chronomq.raftlog.clock import SkewedClock
@@ -138,6 +140,11 @@ async def serve(
         budget.describe(),
     )
     await stop.wait()
+    # Still serving: what arrives during the hand-over is committed, or answered with the
+    # new leader's address (and forwarded to it once this node follows).
+    handed = await broker.hand_over_before_stop(HAND_OVER_TIMEOUT_S)
+    if handed is not None:
+        app[METRICS].transfers.labels(handed.outcome.value).inc()
     log.info("stopping: finishing in-flight requests")
     await grpc_endpoint.stop()
     await runner.cleanup()

@@ -1,7 +1,8 @@
 """Bounded shutdown of a node process: SIGTERM or SIGINT stops it in any state.
 
-A graceful stop (finish in-flight requests, stop the services, close the Raft log and the
-store) needs the event loop and the Raft thread to cooperate. A node can be in a state where
+A graceful stop (a leader first hands its leadership to a follower, within
+:data:`HAND_OVER_TIMEOUT_S`; then finish in-flight requests, stop the services, close the Raft
+log and the store) needs the event loop and the Raft thread to cooperate. A node can be in a state where
 they do not: an apply waiting on something that never comes, a catch-up fetch from peers that
 are all down, a restore half-way, a tick thread that never returns. Then the graceful path
 would wait for ever and the process would outlive every ``kill`` but ``-9``.
@@ -33,6 +34,10 @@ log = logging.getLogger("chronomq.node")
 STOP_DEADLINE_S = 8.0
 #: Exit status of a stop that did not finish in time (EX_TEMPFAIL: the files are fine).
 EXIT_STOP_DEADLINE = 75
+#: How long a stopping leader tries to hand its leadership to a follower before it stops
+#: anyway (a hand-over under load takes tens of milliseconds; one that cannot happen, all
+#: followers down or paused, must leave most of :data:`STOP_DEADLINE_S` to the rest).
+HAND_OVER_TIMEOUT_S = 2.0
 
 SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 

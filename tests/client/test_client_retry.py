@@ -10,12 +10,21 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from aiohttp import web
 
 import chronomq
 import chronomq.aio
-from chronomq._wire import MAX_RETRY_AFTER_S, Attempts, Nodes, Wait, retry_after_s
+from chronomq._wire import (
+    LEADER_CHANGE_S,
+    LEADER_POLL_MAX_S,
+    MAX_RETRY_AFTER_S,
+    Attempts,
+    Nodes,
+    Wait,
+    retry_after_s,
+)
 from chronomq.aio import Client
 from chronomq.cluster.logs.schema import RecordType, Stage, decode
 from chronomq.errors import RequestError, ServerError, UnavailableError
@@ -127,6 +136,95 @@ async def test_a_call_given_a_node_goes_to_that_node_only(aiohttp_server: MakeSe
             await client.node(urls[0])
     assert err.value.status == 503
     assert set(hits) == {"busy", "idle"} and hits.count("idle") == 1
+
+
+def _not_leader(leader: str | None) -> bytes:
+    body: dict[str, Any] = {"error": "not_leader" if leader else "no_leader", "message": "m"}
+    if leader:
+        body["leader"] = leader
+    return orjson.dumps(body)
+
+
+def _retry_after_1(name: str) -> str | None:
+    """The headers of every 503 a node gives during a change of leader."""
+    return "1" if name == "Retry-After" else None
+
+
+def test_a_write_goes_at_once_to_the_leader_a_not_leader_answer_names() -> None:
+    """The node's ``Retry-After`` (1 s) is for clients that cannot follow: this one goes to
+    the named leader without waiting, and polls in short steps while none is known."""
+    nodes = Nodes(["http://a", "http://b", "http://c"])
+    nodes.learnt_leader("http://a")
+    attempts = Attempts(nodes, write=True, deadline=100.0, rng=lambda: 1.0)
+    step = attempts.answered("http://a", 503, _retry_after_1, _not_leader("http://b"), 10.0)
+    assert step == Wait(0.0) and attempts.target() == "http://b"
+    # The new leader has not confirmed its term yet: no leader to name. Short steps, each to
+    # the next node, until the longest election is over.
+    now, asked = 10.0, []
+    while now < 10.0 + LEADER_CHANGE_S:
+        base = attempts.target()
+        asked.append(base)
+        step = attempts.answered(base, 503, _retry_after_1, _not_leader(None), now)
+        assert isinstance(step, Wait) and 0 < step.sleep_s <= LEADER_POLL_MAX_S, (now, step)
+        now += step.sleep_s
+    assert set(asked) == {"http://a", "http://b", "http://c"}
+    # Past that the cluster has been leaderless for long: Retry-After is waited out again.
+    step = attempts.answered(attempts.target(), 503, _retry_after_1, _not_leader(None), now)
+    assert isinstance(step, Wait) and step.sleep_s >= 1.0
+
+
+def test_nodes_naming_each_other_are_followed_once_each_then_in_short_steps() -> None:
+    nodes = Nodes(["http://a", "http://b"])
+    attempts = Attempts(nodes, write=True, deadline=100.0, rng=lambda: 0.0)
+    waits = []
+    for k in range(6):
+        base = attempts.target() if k else "http://a"
+        other = "http://b" if base == "http://a" else "http://a"
+        step = attempts.answered(base, 503, _retry_after_1, _not_leader(other), 10.0)
+        assert isinstance(step, Wait)
+        waits.append(step.sleep_s)
+    assert waits[:2] == [0.0, 0.0] and 0 < waits[2] <= LEADER_POLL_MAX_S
+    assert waits[3:5] == [0.0, 0.0]  # a short step, then following again
+    # A call pinned to one node does not follow (that node's own view was asked for).
+    pinned = Attempts(nodes, False, 100.0, rng=lambda: 0.0, pinned="http://a")
+    step = pinned.answered("http://a", 503, _retry_after_1, _not_leader("http://b"), 10.0)
+    assert isinstance(step, Wait) and 0 < step.sleep_s <= LEADER_POLL_MAX_S
+    assert pinned.target() == "http://a"
+
+
+async def test_a_produce_follows_a_not_leader_answer_without_waiting_out_retry_after(
+    aiohttp_server: MakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node that no longer leads answers 503 not_leader naming the leader, with a
+    Retry-After longer than the client's deadline: the client goes to the leader at once
+    (a client that waited it out would fail at once, the wait being past its deadline)."""
+    monkeypatch.setattr(Nodes, "__init__", _first_node_first)
+    hits: list[tuple[str, str | None]] = []
+    leader = web.Application()
+    stored = {"results": [{"msg_id": "00", "queue": 0, "offset": 0}]}
+
+    async def store(request: web.Request) -> web.Response:
+        hits.append(("leader", request.headers.get("Idempotency-Key")))
+        return web.json_response(stored)
+
+    leader.router.add_post("/v1/topics/{topic}/messages", store)
+    leader_server = await aiohttp_server(leader)
+    leader_url = str(leader_server.make_url("")).rstrip("/")
+
+    async def refuse(request: web.Request) -> web.Response:
+        hits.append(("old", request.headers.get("Idempotency-Key")))
+        body = {"error": "not_leader", "message": "m", "field": None, "leader": leader_url}
+        return web.json_response(body, status=503, headers={"Retry-After": "30"})
+
+    old = web.Application()
+    old.router.add_post("/v1/topics/{topic}/messages", refuse)
+    old_server = await aiohttp_server(old)
+    async with Client([str(old_server.make_url("")), leader_url], deadline_s=5) as client:
+        result = await client.produce("t", [{"body": "x"}])
+        assert client.leader == leader_url
+    assert result == stored
+    assert [who for who, _ in hits] == ["old", "leader"]
+    assert hits[0][1] and hits[0][1] == hits[1][1]  # one key: stored once
 
 
 def test_a_limit_of_attempts_ends_the_request_with_the_last_failure() -> None:

@@ -38,6 +38,17 @@ def test_produce_through_follower_and_pull_anywhere(make_cluster: Any) -> None:
                 assert r.status == 200, await r.text()
                 assert r.headers["X-Chronomq-Leader"] == cluster.http_url(leader)
                 result = (await r.json())["results"][0]
+            # A write another node forwarded here, taking this node for the leader, is not
+            # forwarded again (that could loop): the answer names the leader, where the
+            # client goes next.
+            async with s.post(
+                url,
+                json={"messages": [{"body": "misrouted"}]},
+                headers={"X-Chronomq-Forwarded": cluster.http_url(leader)},
+            ) as r:
+                body = await r.json()
+                assert r.status == 503, body
+                assert (body["error"], body["leader"]) == ("not_leader", cluster.http_url(leader))
         async with Client(cluster.urls) as client:
             for i in range(3):
 

@@ -1,6 +1,6 @@
 """Membership at runtime: adding and removing members (the Raft change and the replicated
-``member/<id>`` entry with its history), a leader removing itself by handing over first, telling
-a removed node so, and what a removed node answers.
+``member/<id>`` entry with its history), a leader removing itself by handing over first, a
+leader handing over before it stops, telling a removed node so, and what a removed node answers.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 import aiohttp
@@ -20,6 +21,7 @@ from chronomq.raftlog import removal
 from chronomq.raftlog.errors import ConditionFailed
 from chronomq.raftlog.removal import RemovalNotice
 from chronomq.raftlog.store import ApplyResult
+from chronomq.raftlog.transfer import TransferResult
 from chronomq.raftlog.transfer_driver import transfer_leadership
 
 log = logging.getLogger(__name__)
@@ -197,6 +199,49 @@ class Members(BrokerBase):
             log.warning("handing the leadership over failed: %s", result.message)
             return None
         return result.leader_id
+
+    async def hand_over_before_stop(self, timeout_s: float) -> TransferResult | None:
+        """Before this node stops (SIGTERM): hand its leadership to the most caught-up
+        follower, so that writers go on with the new leader at once instead of after an
+        election timeout. Writes proposed before the hand-over commit; those held during it
+        fail with NotLeader, never proposed (their answer names the new leader). At most
+        ``timeout_s`` (and the driver's settling, about a second more); never raises.
+
+        Logs one line: to whom and how long, or why not. None when there was nothing to hand
+        over (this node does not lead, or is the only member)."""
+        if not self.raftlog.is_leader:
+            if self.raftlog.machine._isLeader():
+                log.warning(
+                    "stopping: leadership not handed over (no majority has acknowledged this "
+                    "leader within the lease: its followers are down or cut off)"
+                )
+            return None
+        if not self.peers():
+            log.info("stopping: this node is the only member; no leadership to hand over")
+            return None
+        started = time.monotonic()
+        try:
+            result = await transfer_leadership(self, None, timeout_s)
+        except Exception:
+            log.exception("stopping: handing the leadership over failed")
+            return None
+        took_ms = (time.monotonic() - started) * 1000
+        if result.moved:
+            log.info(
+                "stopping: leadership handed to node %s in %.0f ms (term %d)",
+                result.leader_id,
+                took_ms,
+                result.term,
+            )
+        else:
+            log.warning(
+                "stopping: leadership not handed over after %.0f ms (%s: %s); the other "
+                "members elect a leader once their election timeout passes",
+                took_ms,
+                result.outcome.value,
+                result.message,
+            )
+        return result
 
     async def _notify_removed(self, peer: Peer, notice: RemovalNotice) -> None:
         """Tell a removed node it was removed, retrying for at most a minute (it may be down:
