@@ -72,7 +72,7 @@ class RaftConfig:
     raft_max_timeout_ms: int = 2000
     raft_leader_lost_ms: int = 100  # a closed leader connection: pre-vote after this (0: off)
     connection_timeout_ms: int = 60_000
-    connection_retry_ms: int = 1_000
+    connection_retry_ms: int = 250  # a peer that restarted is reached again within this
     leader_fallback_timeout_ms: int = 3_000
     log_compaction_min_entries: int = 1_000
     log_compaction_min_time_s: int = 60

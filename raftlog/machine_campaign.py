@@ -87,12 +87,24 @@ class CampaignHooks(SyncObj):
         window = self._watch.window_s
         if window <= 0 or self._watch.lost_s is not None:
             return
-        self._watch.closed(_pso_monotonic(), random.uniform(0, window))  # noqa: S311 - not a secret
+        self._watch.closed(_pso_monotonic(), self._stagger_s(node, window))
         log.info(
             "the connection to leader %s closed: a pre-vote follows in %.0f ms unless it is back",
             getattr(node, "id", node),
             (self._watch.next_s - _pso_monotonic()) * 1000,
         )
+
+    def _stagger_s(self, lost: Any, window: float) -> float:
+        """How much later than the window this member asks, after leader ``lost`` closed: half
+        a window per member before it in the order of the members' ids (the leader left out),
+        plus a little at random. Every member computes the same order, so the first asks
+        alone and the others, hearing it, hold back (:meth:`LeaderWatch.granted_another`);
+        two that asked at once would split the vote and wait out an election timeout."""
+        ids = sorted(
+            n.id for n in (self.selfNode, *self._SyncObj__otherNodes) if n is not None and n != lost
+        )
+        rank = ids.index(self.selfNode.id) if self.selfNode.id in ids else len(ids)
+        return window * rank / 2 + random.uniform(0, window / 10)  # noqa: S311 - not a secret
 
     def _heard_leader(self, node: Any) -> None:
         """An append from ``node`` at this node's term or later: it leads (Raft thread)."""
@@ -120,6 +132,7 @@ class CampaignHooks(SyncObj):
         """
         if self._SyncObj__raftState == _RAFT_STATE_LEADER:
             self._prevote = None
+            self._watch.heard()
             return
         now = _pso_monotonic()
         if self.removal is not None:
@@ -237,14 +250,18 @@ class CampaignHooks(SyncObj):
     def _ignores_vote_request(self, message: dict[str, Any]) -> bool:
         if self.removal is not None:
             return True
+        now = _pso_monotonic()
+        leader_lost = message.get("leader_lost") is True
         ignore = prevote.ignores_vote_request(
             self._voter_state(),
-            _pso_monotonic(),
+            now,
             transfer=message.get("transfer") is True,
-            leader_lost=message.get("leader_lost") is True,
+            leader_lost=leader_lost,
         )
         if ignore:
             self.votes_ignored += 1
+        elif leader_lost:
+            self._watch.granted_another(now)  # its election is under way: let it finish
         return ignore
 
     def _vote_fields(self) -> dict[str, Any] | None:
@@ -268,7 +285,15 @@ class CampaignHooks(SyncObj):
             cause = "timeout"
         self.campaign = (term, cause)
         self._fast_election_term = None
-        self._watch.heard()
+        if cause == "connection_closed" and self._SyncObj__raftState != _RAFT_STATE_LEADER:
+            # Another member may have asked at the same instant and split the vote: unless a
+            # leader is heard first, ask again a window (and a random part of one) from now
+            # rather than after an election timeout.
+            now = _pso_monotonic()
+            self._watch.round_started(now)
+            self._watch.next_s += random.uniform(0, self._watch.window_s)  # noqa: S311
+        else:
+            self._watch.heard()
         log.info("election for term %d started (%s)", term, cause.replace("_", " "))
 
     # ------------------------------------------------------------------ removal

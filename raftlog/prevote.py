@@ -12,16 +12,18 @@ counted, does it start the real election. A member answers no when
 
 **A leader whose connection closed** (its process died: the kernel closes its sockets at once)
 need not be waited for an election timeout. A follower whose connection to its leader closed,
-and that heard nothing from it since, for :attr:`LeaderWatch.window_s` (plus a random part of
-it, so that two followers rarely start together), sends a pre-vote marked ``"leader_lost":
-True`` at once, and again each window while the leader stays lost, until its election timer
-takes over. A member grants such a pre-vote only when *it* does not hear that leader either: its
+and that heard nothing from it since, for :attr:`LeaderWatch.window_s` (plus half a window per
+member before it in the order of the members' ids, and a little at random, so that one asks
+first and the others hear it), sends a pre-vote marked ``"leader_lost": True`` at once, and
+again each window while the leader stays lost, until its election timer takes over. A
+candidate of such an election that is not elected within a window (two asked at once and split
+the vote) asks again, not after an election timeout. A member grants such a pre-vote only when *it* does not hear that leader either: its
 own connection to it is down, or the leader has been silent for the stickiness window (as for
 any pre-vote). A member still connected to a leader it heard within the window refuses, and the
 leader refuses (it leads): a closed connection between one follower and a live leader never
 deposes it. The election that follows is marked ``"leader_lost": True`` too, and voters apply
-the same rule to it. A member that grants such a pre-vote holds back its own for a window (the
-asker will most likely win; two candidates at once would split the vote and cost a timeout).
+the same rule to it. A member that grants such a pre-vote or vote holds back its own for a
+window (the asker will most likely win; two candidates at once would split the vote).
 
 Neither side changes its term or its vote for a pre-vote. A node that cannot win (cut off,
 or removed from the cluster and not told yet) therefore keeps its term, and does not force

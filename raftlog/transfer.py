@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 #: round trip or two, not a catch-up.
 CATCH_UP_GAP_ENTRIES = 64
 #: How long a target that is not connected at all is waited for before the answer is
-#: "unreachable" (pysyncobj reconnects every ``connection_retry_ms``, 1 s).
+#: "unreachable" (pysyncobj reconnects every ``connection_retry_ms``, 250 ms).
 CONNECT_GRACE_MS = 2_500
 #: Hand-over attempts within one request (each holds proposals at most ``hold_ms``).
 MAX_ATTEMPTS = 3

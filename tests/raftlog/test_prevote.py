@@ -463,3 +463,64 @@ def test_a_member_still_connected_to_its_leader_refuses_the_fast_path(
     machine._SyncObj__onMessageReceived(candidate, vote)
     assert machine.raftCurrentTerm == term + 1
     assert wire.of("response_vote")
+
+
+def test_members_ask_in_the_order_of_their_ids(member: tuple[ReplicatedLog, FakeWire]) -> None:
+    """Every member computes the same order (the lost leader left out): the first asks a
+    window after the close, the next half a window later, so that they do not split the vote."""
+    machine, _wire = member
+    peers = _peers(machine)
+    ids = sorted([machine.selfNode.id, *(p.id for p in peers)])
+    for lost in peers:
+        order = [i for i in ids if i != lost.id]
+        rank = order.index(machine.selfNode.id)
+        stagger = machine._stagger_s(lost, 0.1)
+        assert 0.05 * rank <= stagger < 0.05 * rank + 0.01
+
+
+def test_a_fast_candidate_not_elected_asks_again_within_a_window(
+    member: tuple[ReplicatedLog, FakeWire], clock: FakeClock
+) -> None:
+    """Two members asked at once and split the vote: the candidate asks again (term + 2)
+    a window or two later, not after an election timeout."""
+    machine, wire = member
+    leader, other = _peers(machine)
+    term = machine.raftCurrentTerm
+    _follow(machine, leader)
+    machine._SyncObj__onNodeDisconnected(leader)
+    clock.now += 0.201
+    machine._onTick(0.0)
+    machine._SyncObj__onMessageReceived(
+        other, {"type": "pre_vote_response", "term": term + 1, "granted": True}
+    )
+    machine._onTick(0.0)
+    assert machine.raftCurrentTerm == term + 1  # a candidate; the other voted for itself
+    assert len(wire.of("pre_vote")) == 2
+    clock.now += 0.201  # a window and its random part
+    machine._onTick(0.0)
+    again = wire.of("pre_vote")[2:]
+    assert len(again) == 2 and all(m["term"] == term + 2 and m["leader_lost"] for _, m in again)
+
+
+def test_a_member_that_voted_in_a_fast_election_lets_it_finish(
+    member: tuple[ReplicatedLog, FakeWire], clock: FakeClock
+) -> None:
+    machine, wire = member
+    leader, candidate = _peers(machine)
+    term = machine.raftCurrentTerm
+    _follow(machine, leader)
+    machine._SyncObj__onNodeDisconnected(leader)
+    clock.now += 0.19
+    vote = {
+        "type": "request_vote",
+        "term": term + 1,
+        "last_log_index": 99,
+        "last_log_term": 99,
+        "leader_lost": True,
+    }
+    machine._SyncObj__onMessageReceived(candidate, vote)
+    assert machine.raftCurrentTerm == term + 1 and wire.of("response_vote")
+    machine._SyncObj__raftElectionDeadline = float("inf")  # (a vote re-arms it)
+    clock.now += 0.05  # past its own round's latest start, within a window of the vote
+    machine._onTick(0.0)
+    assert not wire.of("pre_vote")
