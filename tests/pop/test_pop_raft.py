@@ -58,6 +58,9 @@ def trio(tmp_path: Path) -> Iterator[list[Node]]:
             timer.start()
             pop.start()
             nodes.append(Node(log, timer, pop))
+        for n in nodes:
+            problem = n.log.wait_listening(10)
+            assert problem is None, problem
         yield nodes
     finally:
         for n in nodes:

@@ -103,10 +103,52 @@ def tree_bytes(directory: Path) -> dict[str, bytes]:
     }
 
 
+UNIT_PORTS = range(61100, 65500)
+"""Where in-process tests choose ports: above the kernel's default ephemeral range
+(32768-60999) and apart from the integration tests' ranges (tests/integration/conftest.py)."""
+_given: set[int] = set()
+
+
+def _ephemeral() -> range:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = f.read().split()
+        return range(int(low), int(high) + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free now, in this pytest-xdist worker's share of :data:`UNIT_PORTS`, not given
+    out before in this process.
+
+    Not a port from ``bind(("127.0.0.1", 0))``: that one is in the ephemeral range, where any
+    outgoing connection (the other worker's clusters make thousands) may take it before the
+    node binds it; pysyncobj then retries the bind every second, silently, and the group has
+    a member its peers cannot reach (in a fresh-clone run an in-process failover test waited
+    20 s for a leader, and a loop of it beside drills took 67 s once)."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
+    index = int(name[2:]) % count if name.startswith("gw") and name[2:].isdigit() else 0
+    share = len(UNIT_PORTS) // count
+    ports = range(UNIT_PORTS.start + index * share, UNIT_PORTS.start + (index + 1) * share)
+    ephemeral = _ephemeral()
+    # A kernel whose ephemeral range covers ours: any port of ours; all given out: again.
+    for checking_ephemeral, forget in ((True, False), (False, False), (False, True)):
+        if forget:
+            _given.clear()
+        for port in ports:
+            if port in _given or (checking_ephemeral and port in ephemeral):
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _given.add(port)
+            return port
+    raise RuntimeError(f"no free port left in {ports}")
 
 
 def wait_until(
