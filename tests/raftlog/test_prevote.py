@@ -352,6 +352,27 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     return fake
 
 
+def _lose_leader(machine: ReplicatedLog) -> tuple[TCPNode, TCPNode, int]:
+    """``machine`` follows its first peer, whose connection then closes: that leader, the
+    other peer and the term."""
+    leader, other = _peers(machine)
+    term = machine.raftCurrentTerm
+    _follow(machine, leader)
+    machine._SyncObj__onNodeDisconnected(leader)
+    return leader, other, term
+
+
+def _marked(kind: str, term: int) -> dict[str, Any]:
+    """A ``pre_vote`` or ``request_vote`` of a candidate that lost the leader's connection."""
+    return {
+        "type": kind,
+        "term": term,
+        "last_log_index": 99,
+        "last_log_term": 99,
+        "leader_lost": True,
+    }
+
+
 def _follow(machine: ReplicatedLog, leader: TCPNode) -> None:
     """``machine`` connected to ``leader`` and taking its heartbeats; no timer of its own."""
     machine._SyncObj__connectedNodes.add(leader)
@@ -365,10 +386,7 @@ def test_a_closed_leader_connection_starts_a_marked_election_at_once(
     member: tuple[ReplicatedLog, FakeWire], clock: FakeClock
 ) -> None:
     machine, wire = member
-    leader, other = _peers(machine)
-    term = machine.raftCurrentTerm
-    _follow(machine, leader)
-    machine._SyncObj__onNodeDisconnected(leader)
+    leader, other, term = _lose_leader(machine)
     machine._onTick(0.0)
     assert not wire.of("pre_vote")  # not before the window
     clock.now += 0.2 + 0.001  # the window and its largest random part
@@ -390,10 +408,7 @@ def test_a_refused_fast_prevote_is_asked_again_a_window_later(
     member: tuple[ReplicatedLog, FakeWire], clock: FakeClock
 ) -> None:
     machine, wire = member
-    leader, other = _peers(machine)
-    term = machine.raftCurrentTerm
-    _follow(machine, leader)
-    machine._SyncObj__onNodeDisconnected(leader)
+    leader, other, term = _lose_leader(machine)
     clock.now += 0.201
     machine._onTick(0.0)
     for node in (leader, other):
@@ -434,22 +449,10 @@ def test_a_member_still_connected_to_its_leader_refuses_the_fast_path(
     leader, candidate = _peers(machine)
     term = machine.raftCurrentTerm
     _follow(machine, leader)
-    ask = {
-        "type": "pre_vote",
-        "term": term + 1,
-        "last_log_index": 99,
-        "last_log_term": 99,
-        "leader_lost": True,
-    }
+    ask = _marked("pre_vote", term + 1)
     machine._SyncObj__onMessageReceived(candidate, ask)
     assert wire.of("pre_vote_response")[-1][1]["granted"] is False
-    vote = {
-        "type": "request_vote",
-        "term": term + 1,
-        "last_log_index": 99,
-        "last_log_term": 99,
-        "leader_lost": True,
-    }
+    vote = _marked("request_vote", term + 1)
     machine._SyncObj__onMessageReceived(candidate, vote)
     assert machine.raftCurrentTerm == term and not wire.of("response_vote")
     # Its own connection to the leader closes: it grants, and holds back its own round.
@@ -484,10 +487,7 @@ def test_a_fast_candidate_not_elected_asks_again_within_a_window(
     """Two members asked at once and split the vote: the candidate asks again (term + 2)
     a window or two later, not after an election timeout."""
     machine, wire = member
-    leader, other = _peers(machine)
-    term = machine.raftCurrentTerm
-    _follow(machine, leader)
-    machine._SyncObj__onNodeDisconnected(leader)
+    leader, other, term = _lose_leader(machine)
     clock.now += 0.201
     machine._onTick(0.0)
     machine._SyncObj__onMessageReceived(
@@ -506,18 +506,9 @@ def test_a_member_that_voted_in_a_fast_election_lets_it_finish(
     member: tuple[ReplicatedLog, FakeWire], clock: FakeClock
 ) -> None:
     machine, wire = member
-    leader, candidate = _peers(machine)
-    term = machine.raftCurrentTerm
-    _follow(machine, leader)
-    machine._SyncObj__onNodeDisconnected(leader)
+    leader, candidate, term = _lose_leader(machine)
     clock.now += 0.19
-    vote = {
-        "type": "request_vote",
-        "term": term + 1,
-        "last_log_index": 99,
-        "last_log_term": 99,
-        "leader_lost": True,
-    }
+    vote = _marked("request_vote", term + 1)
     machine._SyncObj__onMessageReceived(candidate, vote)
     assert machine.raftCurrentTerm == term + 1 and wire.of("response_vote")
     machine._SyncObj__raftElectionDeadline = float("inf")  # (a vote re-arms it)
