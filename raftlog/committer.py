@@ -253,9 +253,9 @@ class GroupCommitter:
                 raise Overloaded(
                     f"{self._queued_messages} messages are waiting for commit (limit {self._max_pending})"
                 )
-            behind = self._behind_s(time.monotonic())
-            if behind > self.max_behind_s:
-                raise Overloaded(self._behind_reason(behind))
+            refusal = self._behind_refusal(time.monotonic())
+            if refusal is not None:
+                raise Overloaded(refusal)
             size = len(batch.blob)
             with self._bytes_lock:
                 held = self._pending_bytes
@@ -293,27 +293,28 @@ class GroupCommitter:
         held = self._pending_bytes
         return limit is not None and held > 0 and held + size > limit
 
-    def _behind_s(self, now: float) -> float:
-        """How long the oldest batch not yet answered has waited (0 when none); under
-        ``self._cond``."""
+    def _behind_refusal(self, now: float) -> str | None:
+        """Why a new batch is refused for time (the oldest batch not yet answered waited past
+        :attr:`max_behind_s`), or None; under ``self._cond``."""
         if self._inflight:
-            return now - next(iter(self._inflight.values())).oldest
-        if self._queue:
-            return now - self._queue[0].submitted
-        return 0.0
-
-    def _behind_reason(self, behind: float) -> str:
+            oldest = next(iter(self._inflight.values())).oldest
+        elif self._queue:
+            oldest = self._queue[0].submitted
+        else:
+            return None
+        behind = now - oldest
+        if behind <= self.max_behind_s:
+            return None
         return (
             f"commits are {behind:.1f} s behind: the oldest write not yet committed waited that "
             f"long (limit {self.max_behind_s:.1f} s, a quarter of commit_timeout_ms)"
         )
 
     def behind(self) -> str | None:
-        """Why a new batch would now be refused for time, or None: the check of
-        :meth:`submit`, early (before a request body is read)."""
+        """The check of :meth:`submit` for time, early (before a request body is read): why a
+        new batch would now be refused, or None."""
         with self._cond:
-            behind = self._behind_s(time.monotonic())
-        return self._behind_reason(behind) if behind > self.max_behind_s else None
+            return self._behind_refusal(time.monotonic())
 
     @property
     def queued_messages(self) -> int:

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import signal
-import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -17,26 +15,7 @@ import pytest
 from chronomq.cluster.process.launcher import LocalCluster
 from tests.conftest import node_logs, register_cluster
 from tests.integration import spec_check
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def ephemeral_ports() -> range:
-    """The kernel's ephemeral range (outgoing connections take their local port from it)."""
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return range(int(low), int(high) + 1)
-    except (OSError, ValueError):
-        return range(32768, 61000)
-
+from tests.ports import bindable, ephemeral_ports, worker_slice
 
 HTTP_PORTS = range(10000, 19000)
 """Where test clusters' HTTP ports (and their gRPC ports, HTTP + 100) are chosen."""
@@ -45,19 +24,6 @@ RAFT_PORTS = range(20000, 31000)
 _handed_out: set[int] = set()
 """Every port :func:`free_port_base` gave out in this process: a cluster whose node is down
 leaves its ports free, and another cluster of the same test must not take them."""
-
-
-def _worker_slice(ports: range, reach: int) -> range:
-    """The bases this pytest-xdist worker chooses from, so that no port a base reaches (up to
-    ``base + reach``) lies in another worker's share. Without it, one worker's cluster took a
-    Raft port that was another's catch-up port while that node was down (a power cut), and
-    the node could not listen again when it restarted."""
-    name = os.environ.get("PYTEST_XDIST_WORKER", "")
-    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
-    index = int(name[2:]) % count if name.startswith("gw") and name[2:].isdigit() else 0
-    share = len(ports) // count
-    low = ports.start + index * share
-    return range(low, low + share - reach)
 
 
 def free_port_base(nodes: int, rng: random.Random) -> tuple[int, int]:
@@ -69,8 +35,8 @@ def free_port_base(nodes: int, rng: random.Random) -> tuple[int, int]:
     while a node is down or before it binds, and the node then cannot listen.
     """
     ephemeral = ephemeral_ports()
-    https = _worker_slice(HTTP_PORTS, 100 + nodes)
-    rafts = _worker_slice(RAFT_PORTS, 1000 + nodes)
+    https = worker_slice(HTTP_PORTS, 100 + nodes)
+    rafts = worker_slice(RAFT_PORTS, 1000 + nodes)
     for attempt in range(400):
         http = rng.choice(https)
         raft = rng.choice(rafts)
@@ -82,7 +48,7 @@ def free_port_base(nodes: int, rng: random.Random) -> tuple[int, int]:
         )
         if attempt < 200 and any(p in ephemeral or p in _handed_out for p in ports):
             continue  # the kernel's range covers these, or a cluster here had them: others first
-        if all(_bindable(p) for p in ports):
+        if all(bindable(p) for p in ports):
             _handed_out.update(ports)
             return http, raft
     raise RuntimeError("no free port range found")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from typing import Any
 from chronomq.raftlog import command as cmdcodec
 from chronomq.raftlog import record
 from chronomq.raftlog.config import RaftConfig, RaftPeer
+from tests.ports import bindable, ephemeral_ports, worker_slice
 
 STORE_MS = 1_700_000_000_000
 
@@ -109,15 +109,6 @@ UNIT_PORTS = range(61100, 65500)
 _given: set[int] = set()
 
 
-def _ephemeral() -> range:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low, high = f.read().split()
-        return range(int(low), int(high) + 1)
-    except (OSError, ValueError):
-        return range(32768, 61000)
-
-
 def free_port() -> int:
     """A port free now, in this pytest-xdist worker's share of :data:`UNIT_PORTS`, not given
     out before in this process.
@@ -127,12 +118,8 @@ def free_port() -> int:
     node binds it; pysyncobj then retries the bind every second, silently, and the group has
     a member its peers cannot reach (in a fresh-clone run an in-process failover test waited
     20 s for a leader, and a loop of it beside drills took 67 s once)."""
-    name = os.environ.get("PYTEST_XDIST_WORKER", "")
-    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
-    index = int(name[2:]) % count if name.startswith("gw") and name[2:].isdigit() else 0
-    share = len(UNIT_PORTS) // count
-    ports = range(UNIT_PORTS.start + index * share, UNIT_PORTS.start + (index + 1) * share)
-    ephemeral = _ephemeral()
+    ports = worker_slice(UNIT_PORTS, 0)
+    ephemeral = ephemeral_ports()
     # A kernel whose ephemeral range covers ours: any port of ours; all given out: again.
     for checking_ephemeral, forget in ((True, False), (False, False), (False, True)):
         if forget:
@@ -140,14 +127,9 @@ def free_port() -> int:
         for port in ports:
             if port in _given or (checking_ephemeral and port in ephemeral):
                 continue
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            _given.add(port)
-            return port
+            if bindable(port):
+                _given.add(port)
+                return port
     raise RuntimeError(f"no free port left in {ports}")
 
 
