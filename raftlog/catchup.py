@@ -226,12 +226,15 @@ class CatchupServer:
                 target=self._handle, args=(conn, peer, conn_id), name="catchup-conn", daemon=True
             ).start()
 
-    def _refuse(self, conn: socket.socket, peer: Address, why: str) -> None:
+    def _refuse(self, conn: socket.socket, peer: Address, why: str, conn_id: int) -> None:
+        """Count and answer a refused handshake. It leaves the handshaking set in the same
+        step as it is counted, so that no one sees it refused and still handshaking."""
         muted = self._refusals.note(peer[0], time.monotonic())
         if muted is not None:
             more = f" ({muted} more refused since last logged)" if muted else ""
             log.warning("refused catch-up connection from %s:%s: %s%s", peer[0], peer[1], why, more)
         with self._lock:
+            self._handshaking.pop(conn_id, None)
             self.refused += 1
         with contextlib.suppress(OSError):
             conn.settimeout(0.1)
@@ -252,7 +255,7 @@ class CatchupServer:
                 _recv_exact(conn, proto.REQUEST_SIZE, deadline, lim.handshake_s)
             )
         except proto.CatchupError as exc:
-            self._refuse(conn, peer, str(exc))
+            self._refuse(conn, peer, str(exc), conn_id)
             return None
         except (OSError, ConnectionError) as exc:
             with self._lock:
@@ -263,7 +266,7 @@ class CatchupServer:
                 why = f"no valid request within {lim.handshake_s} s"
             else:
                 why = f"no valid request: {exc}"
-            self._refuse(conn, peer, why)
+            self._refuse(conn, peer, why, conn_id)
             return None
         return session, request
 
