@@ -223,6 +223,18 @@ KEYS: tuple[Key, ...] = (
         min=1024,
         max=256 * 1024 * 1024,
     ),
+    Key(
+        "forward_long_polls",
+        int,
+        256,
+        "Long polls (receives that wait for messages) a follower forwards to the leader at "
+        "once, each holding a connection of its own, apart from the connections that forward "
+        "writes (so waiting receives never delay a produce). A receive past this waits for a "
+        "slot within its own wait and answers with no messages if none comes free. Keep the "
+        "followers' sum under the leader's max_http_connections.",
+        min=1,
+        max=100_000,
+    ),
     # HTTP server limits.
     Key(
         "max_http_connections",

@@ -237,6 +237,7 @@ class NodeConfig:
     max_wait_ms: int
     follower_read_timeout_ms: int
     max_pull_bytes: int
+    forward_long_polls: int
     # HTTP server limits.
     max_http_connections: int
     http_header_timeout_ms: int

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from chronomq.cluster.httpapi.base import (
@@ -76,9 +77,10 @@ ROUTES: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {
 
 def _on_leader(handler: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
     async def run(request: web.Request) -> web.StreamResponse:
-        # The leader may hold a receive for its whole long poll.
-        timeout = _forward_timeout(request) if handler is pop_route else None
-        forwarded = await forward_to_leader(request, timeout)
+        if handler is pop_route:
+            forwarded = await _forward_receive(request)
+        else:
+            forwarded = await forward_to_leader(request)
         if forwarded is not None:
             return forwarded
         result: web.StreamResponse = await handler(request)
@@ -87,9 +89,28 @@ def _on_leader(handler: Callable[[web.Request], Any]) -> Callable[[web.Request],
     return run
 
 
-def _forward_timeout(request: web.Request) -> float:
-    cfg = request.app[BROKER].config
-    return float(cfg.max_wait_ms + cfg.commit_timeout_ms) / 1000 + 5
+async def _forward_receive(request: web.Request) -> web.Response | None:
+    """A receive on a follower: checked here, then forwarded. One that waits goes on the
+    poll lane (:meth:`PeerHttp.long_poll_slot`), with the wait still left once it has a
+    slot; with none free within its wait it answers with no messages."""
+    broker = request.app[BROKER]
+    if broker.raftlog.is_leader:
+        return None
+    group = path_group(request)
+    raw = await request.read()
+    args = receive_args(models.decode(raw, models.PopRequest), int(broker.config.max_wait_ms))
+    reserved.check_group_read(args.topic, group)
+    commit_s = broker.config.commit_timeout_ms / 1000
+    if args.wait_ms == 0:
+        return await forward_to_leader(request, commit_s + 5)
+    async with broker.peer_client.long_poll_slot(args.wait_ms / 1000) as left_s:
+        if left_s is None:
+            return json_response({"messages": []})
+        body = orjson.loads(raw)
+        body["wait_ms"] = int(left_s * 1000)
+        return await forward_to_leader(
+            request, left_s + commit_s + 5, body=orjson.dumps(body), lane="poll"
+        )
 
 
 async def pop_route(request: web.Request) -> web.Response:

@@ -17,6 +17,7 @@ from chronomq.cluster.httpapi.httpconn import ConnectionGuard
 from chronomq.cluster.httpapi.metrics import Metrics
 from chronomq.cluster.node.broker import Broker
 from chronomq.cluster.node.errors import ApiError, bad_request
+from chronomq.cluster.node.peerhttp import Lane
 from chronomq.cluster.node.runtimeconfig import RuntimeConfig
 from chronomq.pop import group_problem
 
@@ -84,10 +85,15 @@ def path_int(request: web.Request, name: str) -> int:
 
 
 async def forward_to_leader(
-    request: web.Request, timeout_s: float | None = None
+    request: web.Request,
+    timeout_s: float | None = None,
+    *,
+    body: bytes | None = None,
+    lane: Lane = "write",
 ) -> web.Response | None:
     """On a follower, send a write to the leader and relay its answer; None on the leader.
-    ``timeout_s``: how long the leader may take (default: the commit timeout and 5 s)."""
+    ``timeout_s``: how long the leader may take (default: the commit timeout and 5 s);
+    ``body``: sent instead of the request's; ``lane``: the peer pool it goes on."""
     broker = request.app[BROKER]
     if broker.raftlog.is_leader:
         return None
@@ -109,13 +115,15 @@ async def forward_to_leader(
         )
     headers = {h: request.headers[h] for h in _FORWARD_HEADERS if h in request.headers}
     headers["X-Chronomq-Forwarded"] = broker.config.http_url
-    body = await request.read()
+    if body is None:
+        body = await request.read()
     try:
         async with broker.peer_client.request(
             request.method,
             f"{leader}{request.rel_url}",
             data=body,
             headers=headers,
+            lane=lane,
             timeout=aiohttp.ClientTimeout(
                 total=timeout_s
                 if timeout_s is not None

@@ -103,7 +103,8 @@ class Metrics:
 
 
 class BoundsCollector:
-    """Long-poll waiters, pull reads moved off the loop, and the HTTP connection guard."""
+    """Long-poll waiters, pull reads moved off the loop, receives forwarded with a wait, and
+    the HTTP connection guard."""
 
     def __init__(self, broker: Broker, guard: ConnectionGuard) -> None:
         self._broker = broker
@@ -123,6 +124,22 @@ class BoundsCollector:
             "chronomq_pull_offloaded_reads",
             "Pull pages read on the pull executor (larger than the inline limit)",
             value=b.offloaded_pulls,
+        )
+        peer = b.peer_client
+        yield GaugeMetricFamily(
+            "chronomq_forward_long_polls",
+            "Receives with a wait this follower has forwarded to the leader and that wait now",
+            value=peer.polls_forwarded,
+        )
+        yield GaugeMetricFamily(
+            "chronomq_forward_long_polls_queued",
+            "Receives waiting for a slot of forward_long_polls now",
+            value=peer.polls_waiting,
+        )
+        yield CounterMetricFamily(
+            "chronomq_forward_long_polls_unserved",
+            "Receives that found no slot of forward_long_polls within their wait (answered empty)",
+            value=peer.polls_unserved,
         )
         yield GaugeMetricFamily(
             "chronomq_http_connections", "Open HTTP connections", value=g.open_connections

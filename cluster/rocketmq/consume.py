@@ -314,6 +314,31 @@ class ConsumeRpcs(ServicerBase):
         # and forwards of a handle already used answer from the replicated state.
         return await self._on_leader(local, remote, budget_s, True)
 
+    async def _receive_call(
+        self, group: str, args: ReceiveArgs, local: Any, budget_s: float
+    ) -> dict[str, Any]:
+        """A receive: :meth:`_pop_call`, but one forwarded with a wait goes on the poll lane
+        (:meth:`PeerHttp.long_poll_slot`) with the wait still left once it has a slot, and
+        answers with no messages when no slot comes free within its wait."""
+        path = self._group_path(group, "pop")
+
+        async def remote(leader: str, timeout_s: float) -> dict[str, Any]:
+            body = args.body()
+            if args.wait_ms == 0:
+                return await self._forward("POST", leader, path, timeout_s, orjson.dumps(body))
+            t0 = time.monotonic()
+            wait_s = min(args.wait_ms / 1000, timeout_s)
+            async with self.broker.peer_client.long_poll_slot(wait_s) as left_s:
+                if left_s is None:
+                    return {"messages": []}
+                body["wait_ms"] = int(left_s * 1000)
+                rest_s = max(0.1, timeout_s - (time.monotonic() - t0))
+                return await self._forward(
+                    "POST", leader, path, rest_s, orjson.dumps(body), lane="poll"
+                )
+
+        return await self._on_leader(local, remote, budget_s, True)
+
     async def _hold(self, handles: Sequence[str], context: Any) -> list[str]:
         """The handles to act on: the newest of renewed hand-outs (see :meth:`_release`)."""
         if self.renewer is None:
@@ -358,9 +383,7 @@ class ConsumeRpcs(ServicerBase):
                 budget = args.wait_ms / 1000 + self._config.commit_timeout_ms / 1000 + 5
             else:
                 budget = max(0.0, remaining - 0.1)
-            answer = await self._pop_call(
-                self._group_path(group, "pop"), args.body(), local, budget
-            )
+            answer = await self._receive_call(group, args, local, budget)
             messages = answer.get("messages")
             if not isinstance(messages, list):
                 raise ApiError(500, "internal", "the receive answer has no messages")

@@ -20,6 +20,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from chronomq.cluster.node import reserved
 from chronomq.cluster.node.broker import Broker
 from chronomq.cluster.node.errors import ApiError, from_exception
+from chronomq.cluster.node.peerhttp import Lane
 from chronomq.cluster.rocketmq import codes, routes
 from chronomq.cluster.rocketmq.autorenew import AutoRenewer
 from chronomq.cluster.rocketmq.metrics import GrpcMetrics
@@ -185,8 +186,10 @@ class ServicerBase:
         timeout_s: float,
         body: bytes | None = None,
         headers: dict[str, str] | None = None,
+        lane: Lane = "write",
     ) -> dict[str, Any]:
-        """One request to the leader's HTTP API; its error answer raised as an ApiError."""
+        """One request to the leader's HTTP API; its error answer raised as an ApiError.
+        ``lane``: the peer pool it goes on (``poll`` inside a long-poll slot)."""
         hdrs = {**(headers or {}), FORWARDED_HEADER: self._config.http_url}
         if body is not None:
             hdrs["Content-Type"] = "application/json"
@@ -196,6 +199,7 @@ class ServicerBase:
                 f"{leader}{path}",
                 data=body,
                 headers=hdrs,
+                lane=lane,
                 timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as r:
                 payload = await r.read()
