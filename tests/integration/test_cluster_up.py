@@ -18,11 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import (
-    _bindable,
-    free_port_base,
-    stop_signals_blocked_and_ignored,
-)
+from tests.integration.conftest import free_port_base, stop_signals_blocked_and_ignored
+from tests.ports import bindable
 
 pytestmark = pytest.mark.integration
 
@@ -249,7 +246,7 @@ def test_derived_ports_never_clash_and_a_killed_node_is_named(tmp_path: Path) ->
     for _ in range(50):
         http, _ = free_port_base(3, rng)
         ports = [http + k + i for k in (0, 100, 200, 1100) for i in range(3)]
-        if all(_bindable(p) for p in ports):
+        if all(bindable(p) for p in ports):
             break
     else:
         raise AssertionError("no free ports for the cluster")
